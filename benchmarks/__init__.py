@@ -1,0 +1,1 @@
+"""Side-by-side measurements against transformers and ONNX Runtime. Run each as `python -m benchmarks.NAME`."""

@@ -1,0 +1,30 @@
+"""The few exception types bertforge raises for problems a user can fix.
+
+Each message names the file, line or key at fault and says what to do. The CLI
+turns any `BertforgeError` into one line on stderr and a non-zero exit code;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class BertforgeError(Exception):
+    """Base class: a problem with the user's input, not a bug in bertforge."""
+
+    exit_code = 2
+
+
+class ConfigError(BertforgeError, ValueError):
+    """A model or run configuration is invalid or inconsistent."""
+
+
+class CheckpointError(BertforgeError):
+    """A checkpoint directory or weights file is missing, corrupt or mismatched."""
+
+
+class TokenizerError(BertforgeError):
+    """A vocabulary or tokenizer file cannot be read."""
+
+
+class InputError(BertforgeError, ValueError):
+    """Tensors or data handed to bertforge are out of range or malformed."""

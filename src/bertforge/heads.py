@@ -1,0 +1,286 @@
+"""Task heads composed on the shared `BertModel` backbone.
+
+Each head class holds the backbone as `self.bert` (the attribute name every BERT
+checkpoint uses) plus a few small layers, and returns logits and, given labels,
+a loss. The masked-LM head follows google-research/bert: it gathers the hidden
+states of the predicted positions first and runs the vocabulary projection on
+those alone, so training never builds a [B, T, vocab] tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import BertConfig
+from .model import BertModel, BertPreTrainedModel, activation
+
+IGNORE_INDEX = -100  # label value meaning "no prediction here", as in transformers and PyTorch
+
+
+@dataclass
+class HeadOutput:
+    """What a task head returns.
+
+    loss:          scalar float tensor when labels were given, else None
+    logits:        the head's scores; shape depends on the head (see its forward)
+    hidden_states: the backbone's, when asked
+    attentions:    the backbone's attention probabilities, when asked
+    """
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class PreTrainingOutput(HeadOutput):
+    """MLM + NSP. `logits` are the MLM scores; `nsp_logits` float [B, 2] (0 = is next, 1 = random)."""
+
+    nsp_logits: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+
+    # transformers' names for the same two tensors
+    @property
+    def prediction_logits(self) -> torch.Tensor:
+        return self.logits
+
+    @property
+    def seq_relationship_logits(self) -> torch.Tensor | None:
+        return self.nsp_logits
+
+
+@dataclass
+class QuestionAnsweringOutput(HeadOutput):
+    """`start_logits` and `end_logits`: float [B, T]; `logits` stacks them as [B, T, 2]."""
+
+    start_logits: torch.Tensor | None = None
+    end_logits: torch.Tensor | None = None
+
+
+class MaskedLMHead(nn.Module):
+    """Transform (Linear -> GELU -> LayerNorm), then a decoder tied to the word embeddings plus its own bias."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.transform = nn.Sequential()
+        self.transform.add_module("dense", nn.Linear(config.hidden_size, config.hidden_size))
+        self.transform.add_module("act", activation(config.hidden_act))
+        self.transform.add_module("norm", nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """hidden: float [..., H]; word_embeddings: float [V, H] -> logits float [..., V]."""
+        return F.linear(self.transform(hidden), word_embeddings, self.bias)
+
+    def predict(self, hidden: torch.Tensor, word_embeddings: torch.Tensor,
+                labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits and loss for masked-LM.
+
+        hidden: float [B, T, H]; labels: long [B, T] with IGNORE_INDEX where nothing is predicted.
+        With labels, the logits are float [N, V] for the N predicted positions, in row-major
+        order (the order of `labels[labels != -100]`); without, float [B, T, V].
+        """
+        if labels is None:
+            return self(hidden, word_embeddings), None
+        selected = labels != IGNORE_INDEX  # (B, T)
+        logits = self(hidden[selected], word_embeddings)  # (N, V): gather first, then project
+        targets = labels[selected]  # (N,)
+        if targets.numel() == 0:  # nothing masked in this batch: a zero loss that still has a graph
+            return logits, logits.sum() * 0.0
+        return logits, F.cross_entropy(logits.float(), targets)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """BERT's pretraining model: masked-LM and next-sentence prediction, losses summed."""
+
+    hf_architecture = "BertForPreTraining"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.mlm = MaskedLMHead(config)
+        self.nsp = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                next_sentence_label: torch.Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> PreTrainingOutput:
+        """input_ids: long [B, T]; labels: long [B, T] (-100 = not predicted); next_sentence_label: long [B]."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        mlm_logits, mlm_loss = self.mlm.predict(out.last_hidden_state, self.bert.embeddings.word.weight, labels)
+        nsp_logits = self.nsp(out.pooler_output)  # (B, 2)
+        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label) if next_sentence_label is not None else None
+        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        return PreTrainingOutput(
+            loss=sum(losses) if losses else None, logits=mlm_logits, nsp_logits=nsp_logits,
+            mlm_loss=mlm_loss, nsp_loss=nsp_loss, hidden_states=out.hidden_states, attentions=out.attentions,
+        )
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """Masked-LM only (no pooler, no NSP), as used for fill-mask and MLM-only pretraining."""
+
+    hf_architecture = "BertForMaskedLM"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.mlm = MaskedLMHead(config)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> HeadOutput:
+        """Logits float [B, T, V], or [N, V] at the N labelled positions when labels are given."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits, loss = self.mlm.predict(out.last_hidden_state, self.bert.embeddings.word.weight, labels)
+        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class BertForNextSentencePrediction(BertPreTrainedModel):
+    """Is segment B the real continuation of segment A? Logits float [B, 2]; label 0 means yes."""
+
+    hf_architecture = "BertForNextSentencePrediction"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.nsp = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> HeadOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits = self.nsp(out.pooler_output)
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """A linear classifier on the pooled [CLS] vector; regression when num_labels == 1.
+
+    The loss follows `config.problem_type` as transformers does: mean-squared error for
+    regression, cross-entropy for single-label, and binary cross-entropy per label for
+    multi-label classification. When unset it is inferred from num_labels and the label dtype.
+    """
+
+    hf_architecture = "BertForSequenceClassification"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def problem_type(self, labels: torch.Tensor | None = None) -> str:
+        if self.config.problem_type:
+            return self.config.problem_type
+        if self.config.num_labels == 1:
+            return "regression"
+        if labels is not None and labels.is_floating_point():
+            return "multi_label_classification"
+        return "single_label_classification"
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> HeadOutput:
+        """Logits float [B, num_labels]; labels long [B], or float [B] (regression) / [B, num_labels] (multi-label)."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits = self.classifier(self.dropout(out.pooler_output))
+        loss = None
+        if labels is not None:
+            kind = self.problem_type(labels)
+            if kind == "regression":
+                loss = F.mse_loss(logits.float().squeeze(-1), labels.float().view(-1))
+            elif kind == "multi_label_classification":
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.view(-1))
+        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """A linear tagger on every token's hidden state (NER, POS). Logits float [B, T, num_labels]."""
+
+    hf_architecture = "BertForTokenClassification"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> HeadOutput:
+        """labels: long [B, T], -100 on sub-tokens after the first, special tokens and padding."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits = self.classifier(self.dropout(out.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().view(-1, self.config.num_labels), labels.view(-1),
+                                   ignore_index=IGNORE_INDEX)
+        return HeadOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Extractive QA: a start and an end score for every token."""
+
+    hf_architecture = "BertForQuestionAnswering"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> QuestionAnsweringOutput:
+        """start_positions, end_positions: long [B] token indices (0 = [CLS] for "no answer")."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        logits = self.qa_outputs(out.last_hidden_state)  # (B, T, 2)
+        start_logits, end_logits = logits[..., 0], logits[..., 1]
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # Positions beyond the window are clamped to T and ignored, as transformers does.
+            T = start_logits.shape[1]
+            start = start_positions.view(-1).clamp(0, T)
+            end = end_positions.view(-1).clamp(0, T)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=T)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=T)) / 2
+        return QuestionAnsweringOutput(loss, logits, out.hidden_states, out.attentions,
+                                       start_logits=start_logits, end_logits=end_logits)
+
+
+# Every class that `from_pretrained` can build, by the transformers architecture name.
+ARCHITECTURES: dict[str, type[BertPreTrainedModel]] = {
+    cls.hf_architecture: cls
+    for cls in (BertModel, BertForPreTraining, BertForMaskedLM, BertForNextSentencePrediction,
+                BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering)
+}

@@ -1,0 +1,264 @@
+"""Hugging Face checkpoint interop: one declarative name table, used in both directions.
+
+A bertforge output directory *is* a transformers model directory: `config.json`
+(model_type "bert", `architectures`, label maps) and `model.safetensors`, plus the
+tokenizer files when a tokenizer is saved alongside. Reading also accepts
+`pytorch_model.bin` (loaded with `torch.load(weights_only=True)`, never unpickled
+with arbitrary code), sharded safetensors, backbone-only checkpoints with or
+without the `bert.` prefix, and the `gamma`/`beta` LayerNorm names of checkpoints
+converted from the original TensorFlow code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import BertConfig
+from .errors import CheckpointError
+
+log = logging.getLogger("bertforge")
+
+# bertforge module name -> transformers module name. `{i}` stands for a layer index.
+# Backbone names are relative to the backbone; head models put both under `bert.`.
+BACKBONE_TABLE: list[tuple[str, str]] = [
+    ("embeddings.word", "embeddings.word_embeddings"),
+    ("embeddings.position", "embeddings.position_embeddings"),
+    ("embeddings.segment", "embeddings.token_type_embeddings"),
+    ("embeddings.norm", "embeddings.LayerNorm"),
+    ("layers.{i}.attention.query", "encoder.layer.{i}.attention.self.query"),
+    ("layers.{i}.attention.key", "encoder.layer.{i}.attention.self.key"),
+    ("layers.{i}.attention.value", "encoder.layer.{i}.attention.self.value"),
+    ("layers.{i}.attention.out", "encoder.layer.{i}.attention.output.dense"),
+    ("layers.{i}.attention_norm", "encoder.layer.{i}.attention.output.LayerNorm"),
+    ("layers.{i}.ffn.up", "encoder.layer.{i}.intermediate.dense"),
+    ("layers.{i}.ffn.down", "encoder.layer.{i}.output.dense"),
+    ("layers.{i}.ffn_norm", "encoder.layer.{i}.output.LayerNorm"),
+    ("pooler.dense", "pooler.dense"),
+]
+HEAD_TABLE: list[tuple[str, str]] = [
+    ("mlm.transform.dense", "cls.predictions.transform.dense"),
+    ("mlm.transform.norm", "cls.predictions.transform.LayerNorm"),
+    ("mlm.bias", "cls.predictions.bias"),
+    ("nsp", "cls.seq_relationship"),
+    ("classifier", "classifier"),
+    ("qa_outputs", "qa_outputs"),
+]
+BACKBONE_PREFIX = "bert."
+
+# Keys a checkpoint may hold that carry no information of their own: buffers, and the
+# MLM decoder, which is tied to the word embeddings (its bias is cls.predictions.bias).
+DERIVED_KEYS = re.compile(r"(^|\.)embeddings\.position_ids$|(^|\.)embeddings\.token_type_ids$"
+                           r"|^cls\.predictions\.decoder\.(weight|bias)$")
+
+
+def _compile(table: list[tuple[str, str]], prefix: str, reverse: bool) -> list[tuple[re.Pattern, str]]:
+    """Regexes for one direction of the table; `{i}` becomes a captured layer number."""
+    rules = []
+    for ours, theirs in table:
+        src, dst = (theirs, ours) if reverse else (ours, theirs)
+        pattern = re.escape(prefix + src).replace(r"\{i\}", r"(\d+)")
+        rules.append((re.compile(f"^{pattern}(\\.[a-z_]+)?$"), prefix + dst.replace("{i}", r"\1")))
+    return rules
+
+
+def _rules(has_backbone_prefix: bool, reverse: bool) -> list[tuple[re.Pattern, str]]:
+    prefix = BACKBONE_PREFIX if has_backbone_prefix else ""
+    return _compile(BACKBONE_TABLE, prefix, reverse) + _compile(HEAD_TABLE, "", reverse)
+
+
+def _rename(key: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
+    for pattern, template in rules:
+        m = pattern.match(key)
+        if m:
+            suffix = m.group(m.re.groups) or ""  # the last group is the .weight/.bias suffix
+            name = template
+            if r"\1" in template:
+                name = template.replace(r"\1", m.group(1))
+            return name + suffix
+    return None
+
+
+def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Our state dict under transformers' names (the tied MLM decoder is left out, as transformers does)."""
+    has_prefix = hasattr(model, "bert")
+    rules = _rules(has_prefix, reverse=False)
+    out = {}
+    for key, tensor in model.state_dict().items():
+        name = _rename(key, rules)
+        if name is None:
+            raise CheckpointError(f"internal: no Hugging Face name for parameter '{key}'")
+        out[name] = tensor
+    return out
+
+
+@dataclass
+class LoadReport:
+    """Which parameters a checkpoint did not provide, and which of its keys were not used."""
+
+    missing_keys: list[str] = field(default_factory=list)
+    unexpected_keys: list[str] = field(default_factory=list)
+
+
+def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> LoadReport:
+    """Load transformers-named weights into `model`, refusing any shape mismatch by key name."""
+    state = dict(state)
+    # Checkpoints converted from TensorFlow name LayerNorm parameters gamma and beta.
+    for key in list(state):
+        if key.endswith(".gamma") or key.endswith(".beta"):
+            state[key.rsplit(".", 1)[0] + (".weight" if key.endswith(".gamma") else ".bias")] = state.pop(key)
+    if "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
+        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
+    state = {k: v for k, v in state.items() if not DERIVED_KEYS.search(k)}
+
+    wants_prefix = hasattr(model, "bert")
+    ckpt_has_prefix = any(k.startswith(BACKBONE_PREFIX) for k in state)
+    if wants_prefix and not ckpt_has_prefix:  # a backbone-only checkpoint into a head model
+        state = {(BACKBONE_PREFIX + k if not _is_head_key(k) else k): v for k, v in state.items()}
+    report = LoadReport()
+    if not wants_prefix and ckpt_has_prefix:  # a full checkpoint into the bare backbone: heads unused
+        report.unexpected_keys = [k for k in state if not k.startswith(BACKBONE_PREFIX)]
+        state = {k[len(BACKBONE_PREFIX):]: v for k, v in state.items() if k.startswith(BACKBONE_PREFIX)}
+
+    rules = _rules(wants_prefix, reverse=True)
+    ours = model.state_dict()
+    renamed: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        name = _rename(key, rules)
+        if name is None or name not in ours:
+            report.unexpected_keys.append(key)
+            continue
+        if tuple(tensor.shape) != tuple(ours[name].shape):
+            raise CheckpointError(
+                f"{source}: key '{key}' has shape {tuple(tensor.shape)} but the config gives "
+                f"{tuple(ours[name].shape)}; config.json does not match the weights"
+            )
+        renamed[name] = tensor
+    report.missing_keys = sorted(set(ours) - set(renamed))
+    model.load_state_dict(renamed, strict=False)
+    return report
+
+
+def _is_head_key(key: str) -> bool:
+    return any(key == h or key.startswith(h + ".") for _, h in HEAD_TABLE) or key.startswith("cls.")
+
+
+def weights_files(path: Path) -> list[Path]:
+    """The weight files of a checkpoint directory, preferring safetensors."""
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({exc})") from None
+        return [path / name for name in sorted(set(weight_map.values()))]
+    binary = path / "pytorch_model.bin"
+    if binary.is_file():
+        return [binary]
+    raise CheckpointError(
+        f"{path}: no model.safetensors or pytorch_model.bin; a checkpoint directory holds config.json plus one of them"
+    )
+
+
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """Read one weights file safely: safetensors, or a .bin through torch's weights-only unpickler."""
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing weights file")
+    if file.suffix == ".safetensors":
+        try:
+            return load_file(str(file), device="cpu")
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"{file}: cannot read safetensors ({exc}); the file may be truncated or corrupt") from None
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{file}: refused to load: it holds more than tensors, and unpickling it could run code "
+                              f"({str(exc).splitlines()[0]})") from None
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise CheckpointError(f"{file}: cannot read PyTorch weights ({exc}); the file may be truncated or corrupt") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: expected a dict of tensors, got {type(state).__name__}")
+    return state
+
+
+def read_config(path: str | Path) -> BertConfig:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: no config.json; a checkpoint directory holds config.json and model weights")
+    return BertConfig.from_json(path / "config.json")
+
+
+def architecture_of(path: str | Path) -> str:
+    """The `architectures[0]` a config.json names, or "BertModel" when it names none."""
+    data = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    archs = data.get("architectures") or ["BertModel"]
+    return archs[0]
+
+
+def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
+    """Build `cls` from a checkpoint directory and load its weights; log what was missing or unused."""
+    path = Path(path)
+    config = read_config(path)
+    if config_overrides:
+        fields = config.__dict__ | config_overrides
+        if "num_labels" in config_overrides and "id2label" not in config_overrides:
+            if config.id2label and len(config.id2label) != config_overrides["num_labels"]:
+                fields["id2label"] = fields["label2id"] = None
+        config = BertConfig(**fields)
+    model = cls(config)
+    state: dict[str, torch.Tensor] = {}
+    for file in weights_files(path):
+        state.update(read_weights(file))
+    report = from_hf_state_dict(model, state, source=str(path))
+    backbone_missing = [k for k in report.missing_keys if k.startswith(BACKBONE_PREFIX) or not hasattr(model, "bert")]
+    head_missing = [k for k in report.missing_keys if k not in backbone_missing]
+    if backbone_missing:
+        log.warning("%s: backbone weights missing from the checkpoint, left at their initial values: %s",
+                    path, ", ".join(backbone_missing))
+    if head_missing:
+        log.warning("%s: new %s head weights, initialised randomly (train before use): %s",
+                    path, cls.__name__, ", ".join(head_missing))
+    if report.unexpected_keys:
+        log.info("%s: checkpoint weights not used by %s: %s", path, cls.__name__, ", ".join(report.unexpected_keys))
+    model.load_report = report
+    model.eval()
+    return model
+
+
+def _atomic_write(target: Path, write) -> None:
+    """Write through a temporary file in the same directory, then rename: a crash never leaves half a file."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_pretrained(model: torch.nn.Module, path: str | Path, tokenizer=None) -> None:
+    """Write `config.json` and `model.safetensors` that transformers' matching class loads unchanged."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in to_hf_state_dict(model).items()}
+    _atomic_write(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    _atomic_write(path / "config.json", lambda tmp: model.config.save(tmp, architectures=[model.hf_architecture]))
+    if tokenizer is not None:
+        tokenizer.save(path)

@@ -1,0 +1,89 @@
+"""`bertforge inspect`: what a checkpoint directory holds, read from file headers without loading weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError, safe_open
+
+from .errors import CheckpointError
+import torch
+
+from .heads import ARCHITECTURES
+from .hf import DERIVED_KEYS, architecture_of, from_hf_state_dict, read_config, read_weights, weights_files
+
+# The head a checkpoint carries, recognised by the first key prefix that matches.
+_HEADS = [
+    ("cls.predictions.", "masked-LM"),
+    ("cls.seq_relationship.", "next-sentence prediction"),
+    ("qa_outputs.", "question answering (start/end)"),
+    ("classifier.", "classifier"),
+]
+
+
+def _shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    if file.suffix == ".safetensors":
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{file}: cannot read safetensors ({exc}); the file may be truncated or corrupt") from None
+    return {k: tuple(v.shape) for k, v in read_weights(file).items()}
+
+
+def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Config, architecture, parameter counts by part, and the heads present."""
+    path = Path(path)
+    config = read_config(path)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in weights_files(path):
+        shapes.update(_shapes(file))
+    counts = {"embeddings": 0, "encoder": 0, "pooler": 0, "heads": 0}
+    for key, shape in shapes.items():
+        if DERIVED_KEYS.search(key):
+            continue  # buffers and the tied decoder hold no parameters of their own
+        n = 1
+        for d in shape:
+            n *= d
+        name = key[len("bert."):] if key.startswith("bert.") else key
+        part = next((p for p in ("embeddings", "encoder", "pooler") if name.startswith(p + ".")), "heads")
+        counts[part] += n
+    heads = [label for prefix, label in _HEADS if any(k.startswith(prefix) for k in shapes)]
+    # Check the weights against the config without allocating them: build the model on the
+    # meta device and load shape-only tensors, which raises on the first mismatched key.
+    architecture = architecture_of(path)
+    with torch.device("meta"):
+        model = ARCHITECTURES.get(architecture, ARCHITECTURES["BertModel"])(config)
+        report = from_hf_state_dict(model, {k: torch.empty(s) for k, s in shapes.items()}, source=str(path))
+    return {
+        "path": str(path),
+        "architecture": architecture,
+        "heads": heads,
+        "missing_keys": report.missing_keys,
+        "unexpected_keys": report.unexpected_keys,
+        "parameters": {**counts, "total": sum(counts.values())},
+        "config": config.to_dict(),
+    }
+
+
+def format_report(info: dict[str, Any]) -> str:
+    c = info["config"]
+    p = info["parameters"]
+    lines = [
+        f"checkpoint    {info['path']}",
+        f"architecture  {info['architecture']}",
+        f"size          L={c['num_hidden_layers']} H={c['hidden_size']} heads={c['num_attention_heads']} "
+        f"FFN={c['intermediate_size']} vocab={c['vocab_size']} max_len={c['max_position_embeddings']}",
+        f"heads         {', '.join(info['heads']) or 'none (backbone only)'}",
+        "parameters    " + "  ".join(f"{k}={v:,}" for k, v in p.items()),
+        "config        " + json.dumps({k: v for k, v in c.items() if k not in ("id2label", "label2id")}),
+    ]
+    if info["missing_keys"]:
+        lines.append("MISSING       " + ", ".join(info["missing_keys"]))
+    if info["unexpected_keys"]:
+        lines.append("unused        " + ", ".join(info["unexpected_keys"]))
+    if info["config"].get("id2label") and any(h == "classifier" for h in info["heads"]):
+        lines.append("labels        " + json.dumps(c["id2label"]))
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""Numerical parity with transformers, both directions, for the backbone and every head.
+
+A tiny random transformers model is built inside the test (no downloads), saved,
+loaded by bertforge and compared; then bertforge saves and transformers loads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import bertforge  # noqa: E402
+from bertforge.hf import BACKBONE_TABLE, HEAD_TABLE  # noqa: E402
+
+from conftest import TINY  # noqa: E402
+
+PAIRS = [  # (bertforge class, transformers class)
+    ("BertModel", "BertModel"),
+    ("BertForPreTraining", "BertForPreTraining"),
+    ("BertForMaskedLM", "BertForMaskedLM"),
+    ("BertForNextSentencePrediction", "BertForNextSentencePrediction"),
+    ("BertForSequenceClassification", "BertForSequenceClassification"),
+    ("BertForTokenClassification", "BertForTokenClassification"),
+    ("BertForQuestionAnswering", "BertForQuestionAnswering"),
+]
+
+
+def labels_for(name: str) -> int:
+    return 2 if name == "BertForQuestionAnswering" else 3  # QA's output layer is always start/end
+
+
+def batch(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, TINY["vocab_size"], (3, 13), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0  # ragged rows: padding must not leak into real tokens
+    mask[2, 4:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    types = torch.zeros_like(ids)
+    types[:, 6:] = 1
+    return ids, types, mask
+
+
+def outputs(model, ids, types, mask, ours: bool) -> dict[str, torch.Tensor]:
+    """The comparable tensors of either library's output, by name."""
+    with torch.no_grad():
+        if ours:
+            out = model(ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True)
+        else:
+            out = model(input_ids=ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True)
+    got = {}
+    for name in ("last_hidden_state", "pooler_output", "logits", "prediction_logits", "seq_relationship_logits",
+                 "start_logits", "end_logits"):
+        value = getattr(out, name, None)
+        if isinstance(value, torch.Tensor):
+            got[name] = value
+    got["hidden_states"] = torch.stack(out.hidden_states)
+    return got
+
+
+def compare(a: dict, b: dict, mask: torch.Tensor) -> None:
+    shared_keys = set(a) & set(b)
+    assert {"hidden_states"} < shared_keys, (sorted(a), sorted(b))
+    for key in shared_keys:
+        x, y = a[key], b[key]
+        if x.dim() >= 2 and x.shape[:2] == mask.shape:  # per-token tensors: compare real tokens
+            x, y = x[mask.bool()], y[mask.bool()]
+        elif key == "hidden_states":
+            x, y = x[:, mask.bool()], y[:, mask.bool()]
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=0, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("ours_name, hf_name", PAIRS)
+def test_transformers_to_bertforge(tmp_path, ours_name, hf_name):
+    config = transformers.BertConfig(**TINY, num_labels=labels_for(hf_name))
+    hf_model = getattr(transformers, hf_name)(config).eval()
+    hf_model.save_pretrained(tmp_path)
+    ours = getattr(bertforge, ours_name).from_pretrained(tmp_path)
+    assert ours.load_report.missing_keys == [], ours.load_report
+    assert ours.load_report.unexpected_keys == []
+    ids, types, mask = batch()
+    compare(outputs(ours, ids, types, mask, True), outputs(hf_model, ids, types, mask, False), mask)
+
+
+@pytest.mark.parametrize("ours_name, hf_name", PAIRS)
+def test_bertforge_to_transformers(tmp_path, ours_name, hf_name):
+    ours = getattr(bertforge, ours_name)(bertforge.BertConfig(**TINY, num_labels=labels_for(hf_name))).eval()
+    ours.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "bert" and saved["architectures"] == [hf_name]
+    hf_model, info = getattr(transformers, hf_name).from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ids, types, mask = batch(2)
+    compare(outputs(ours, ids, types, mask, True), outputs(hf_model.eval(), ids, types, mask, False), mask)
+
+
+def test_losses_match_transformers(tmp_path):
+    """Same loss for the same labels: MLM (masked positions only) + NSP, classification, QA."""
+    config = transformers.BertConfig(**TINY)
+    hf_model = transformers.BertForPreTraining(config).eval()
+    hf_model.save_pretrained(tmp_path)
+    ours = bertforge.BertForPreTraining.from_pretrained(tmp_path)
+    ids, types, mask = batch()
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 5], labels[2, 1] = 7, 11, 42
+    nsp = torch.tensor([0, 1, 0])
+    with torch.no_grad():
+        a = hf_model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, next_sentence_label=nsp)
+        b = ours(ids, types, mask, labels=labels, next_sentence_label=nsp)
+    torch.testing.assert_close(b.loss, a.loss, atol=1e-6, rtol=0)
+    assert b.logits.shape == (3, TINY["vocab_size"])  # only the 3 labelled positions were projected
+
+
+def test_backbone_only_checkpoint_into_head_model(tmp_path, caplog):
+    """A bare BertModel checkpoint (no `bert.` prefix) loads into a head model; the new head is reported."""
+    hf_model = transformers.BertModel(transformers.BertConfig(**TINY)).eval()
+    hf_model.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="bertforge"):
+        ours = bertforge.BertForSequenceClassification.from_pretrained(tmp_path, num_labels=4)
+    assert sorted(ours.load_report.missing_keys) == ["classifier.bias", "classifier.weight"]
+    assert "classifier.weight" in caplog.text and "initialised randomly" in caplog.text
+    ids, types, mask = batch()
+    compare(outputs(ours.bert, ids, types, mask, True), outputs(hf_model, ids, types, mask, False), mask)
+
+
+def test_full_checkpoint_into_backbone_reports_unused_heads(tmp_path):
+    transformers.BertForPreTraining(transformers.BertConfig(**TINY)).save_pretrained(tmp_path)
+    ours = bertforge.BertModel.from_pretrained(tmp_path)
+    assert ours.load_report.missing_keys == []
+    assert "cls.seq_relationship.weight" in ours.load_report.unexpected_keys
+
+
+def test_pytorch_model_bin_and_tf_layer_norm_names(tmp_path):
+    """An old-style pytorch_model.bin with gamma/beta LayerNorm names, read with weights_only=True."""
+    hf_model = transformers.BertForMaskedLM(transformers.BertConfig(**TINY)).eval()
+    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for k, v in hf_model.state_dict().items()}
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    transformers.BertConfig(**TINY).save_pretrained(tmp_path)
+    ours = bertforge.BertForMaskedLM.from_pretrained(tmp_path)
+    assert ours.load_report.missing_keys == [] and ours.load_report.unexpected_keys == []
+    ids, types, mask = batch()
+    compare(outputs(ours, ids, types, mask, True), outputs(hf_model, ids, types, mask, False), mask)
+
+
+def test_name_table_covers_every_parameter():
+    """Every parameter of every head maps to a transformers name and back to itself."""
+    from bertforge.hf import _rename, _rules
+
+    for name, _ in PAIRS:
+        model = getattr(bertforge, name)(bertforge.BertConfig(**TINY))
+        prefixed = hasattr(model, "bert")
+        for key in model.state_dict():
+            theirs = _rename(key, _rules(prefixed, reverse=False))
+            assert theirs is not None, key
+            assert _rename(theirs, _rules(prefixed, reverse=True)) == key
+    assert len({o for o, _ in BACKBONE_TABLE + HEAD_TABLE}) == len(BACKBONE_TABLE + HEAD_TABLE)
