@@ -7,8 +7,11 @@ with no traceback; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +50,79 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def field_help(cls: type) -> dict[str, str]:
+    """The `# comment` after each dataclass field, used as that flag's help (one source of truth)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            for line in inspect.getsource(klass).splitlines():
+                m = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.+)$", line)
+                if m:
+                    out[m.group(1)] = m.group(2)
+    return out
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: set[str] = frozenset()) -> None:
+    """One --flag per dataclass field, typed from its annotation, with its comment as help."""
+    helps = field_help(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        default = None if f.default is dataclasses.MISSING else f.default
+        help_text = helps.get(f.name, "")
+        if kind.startswith("bool"):
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        elif kind.startswith("int"):
+            parser.add_argument(flag, type=int, default=None, help=f"{help_text} (default {default})")
+        elif f.name == "time_budget":
+            from .train import parse_duration
+
+            parser.add_argument(flag, type=parse_duration, default=None, help=f"{help_text}, e.g. 30m, 2h")
+        elif kind.startswith("float"):
+            parser.add_argument(flag, type=float, default=None, help=f"{help_text} (default {default})")
+        else:
+            parser.add_argument(flag, default=None, help=f"{help_text} (default {default})")
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .data.corpus import CorpusOptions
+    from .data.shards import prepare
+    from .tokenizer import Tokenizer
+
+    if not args.tokenizer:
+        raise BertforgeError("prepare needs --tokenizer DIR (a vocab.txt / tokenizer.json directory or checkpoint)")
+    options = CorpusOptions(doc_per_file=args.doc_per_file, text_field=args.text_field,
+                            encoding_errors=args.encoding_errors)
+    meta = prepare(args.corpus, args.out, Tokenizer.from_pretrained(args.tokenizer), options, workers=args.workers,
+                   shard_tokens=args.shard_tokens, progress=sys.stderr.isatty())
+    print(json.dumps({k: meta[k] for k in ("documents", "sentences", "tokens", "seconds")} | {"out": args.out}))
+    return 0
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from .pretrain import PretrainConfig, run_pretrain
+
+    given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(PretrainConfig)}
+             and v is not None and k != "corpus"}
+    given["corpus"] = list(args.corpus)
+    if not args.corpus:  # the embedded default: a tiny model, a small vocabulary, a few minutes
+        given.setdefault("vocab_size", 8000)
+        given.setdefault("lr", 1e-3)
+        given.setdefault("eval_every", 100)
+        given.setdefault("save_every", 200)
+        if not any(k in given for k in ("max_steps", "epochs", "time_budget")):
+            given["time_budget"] = 180.0
+    given.setdefault("out", "bertforge-pretrain")
+    if "progress" not in given:
+        given["progress"] = sys.stderr.isatty() or bool(args.progress_bar)
+    given.pop("progress_bar", None)
+    cfg = PretrainConfig.from_json(args.config, **given) if args.config else PretrainConfig(**given)
+    run_pretrain(cfg)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertforge",
@@ -75,6 +151,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing vocabulary in --out")
     p.set_defaults(func=cmd_tokenizer_train)
+
+    p = sub.add_parser("prepare", help="tokenise a corpus once into shards on disk",
+                       description="Read a corpus (text, JSONL, .gz, directories, globs, HF datasets), split it "
+                                   "into sentences, tokenise it in parallel processes and write memory-mapped "
+                                   "shards that `bertforge pretrain` reads with O(1) random access.")
+    p.add_argument("corpus", nargs="+", help="files, directories, globs, a save_to_disk dir, or hf:NAME[:CONFIG]")
+    p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--tokenizer", help="directory with vocab.txt or tokenizer.json (e.g. a checkpoint)")
+    p.add_argument("--workers", type=int, default=None, help="tokenising processes (default: all cores)")
+    p.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard (default 1e8)")
+    p.add_argument("--doc-per-file", action="store_true", help="a whole file is one document")
+    p.add_argument("--text-field", default="text", help="JSONL / datasets text field (default text)")
+    p.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"],
+                   help="on invalid UTF-8: stop (strict) or substitute U+FFFD (replace)")
+    p.set_defaults(func=cmd_prepare)
+
+    from .pretrain import PretrainConfig
+
+    p = sub.add_parser("pretrain", help="pretrain BERT (MLM + NSP) on raw text; no corpus = the embedded default",
+                       description="Pretrain BERT with masked-LM and next-sentence prediction as google-research/bert "
+                                   "does, or MLM-only on packed full sentences. With no CORPUS, pretrain a tiny model "
+                                   "for three minutes on the Python standard library's docstrings.")
+    p.add_argument("corpus", nargs="*", help="files, dirs, globs, hf:NAME, or a `bertforge prepare` directory")
+    p.add_argument("--config", help="a JSON file with any of these settings (flags override it)")
+    p.add_argument("--progress-bar", action="store_true", help="show the progress bar even when not on a terminal")
+    add_dataclass_flags(p, PretrainConfig, skip={"corpus", "progress"})
+    p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("demo", help="offline end-to-end tour: tokenizer, tiny model, save, reload, fill-mask",
                        description="Train a vocabulary on the standard library's docstrings, build a tiny BERT, "

@@ -1,0 +1,100 @@
+"""Training checkpoints: atomic saves and everything an exact resume needs.
+
+A checkpoint is a directory `OUT/checkpoints/step-00001234/` holding
+- `config.json` + `model.safetensors`: the model, in the Hugging Face layout;
+- `training_state.pt`: optimizer state and torch RNG state (tensors only, read back with
+  `torch.load(weights_only=True)`);
+- `trainer_state.json`: step, epoch, data position, schedule, python and numpy RNG states,
+  and the run configuration it was made with.
+
+It is written into a hidden temporary directory and renamed into place, so a crash or a
+SIGKILL mid-save leaves the previous checkpoint intact and no half-written one visible.
+Only the last `keep_last` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import CheckpointError
+
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / "trainer_state.json").is_file()]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def rng_state() -> dict[str, Any]:
+    state = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": [state[0], state[1].tolist(), state[2], state[3], state[4]]}
+
+
+def set_rng_state(saved: dict[str, Any]) -> None:
+    version, internal, gauss = saved["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = saved["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    trainer_state: dict[str, Any], keep_last: int = 2) -> Path:
+    """Write checkpoint `step` atomically and prune older ones. Returns its directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # an earlier save of ours that was cut off
+    tmp.mkdir()
+    model.save_pretrained(tmp)
+    tensors = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(tensors, tmp / "training_state.pt")
+    state = dict(trainer_state, step=step, rng=rng_state())
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+    if final.exists():  # the same step saved again (e.g. the final save right after a periodic one)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restore model, optimizer and RNG states from `path`; returns the trainer state dict."""
+    from .hf import from_hf_state_dict, read_weights
+
+    try:
+        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        tensors = torch.load(path / "training_state.pt", map_location="cpu", weights_only=True)
+    except (OSError, json.JSONDecodeError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({exc})") from None
+    report = from_hf_state_dict(model, read_weights(path / "model.safetensors"), source=str(path))
+    if report.missing_keys:
+        raise CheckpointError(f"{path}: checkpoint lacks {', '.join(report.missing_keys[:3])}")
+    optimizer.load_state_dict(tensors["optimizer"])
+    torch.set_rng_state(tensors["torch_rng"])
+    if "cuda_rng" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda_rng"])
+    set_rng_state(state["rng"])
+    return state

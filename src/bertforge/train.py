@@ -1,0 +1,368 @@
+"""The one training loop. Pretraining and every fine-tuning task differ only by their `Task`.
+
+A task supplies batches by (epoch, micro-batch index), computes a loss on one batch, and
+evaluates. The loop supplies the rest: AdamW or LAMB, warmup + linear decay, gradient
+accumulation, clipping, autocast, torch.compile, DDP, logging (progress bar,
+metrics.jsonl, a curves PNG), evaluation, atomic checkpoints, exact resume, and the
+stopping rules (--max-steps, --epochs, --time-budget).
+
+Data order is a pure function of (seed, epoch, index): with W processes and A accumulation
+steps, optimizer step s of an epoch consumes micro-batches s*A*W ... s*A*W + A*W - 1, and
+process r takes index a*W + r at accumulation step a. So a resumed run continues at the
+saved (epoch, position) with no replay, no skipping and no scan, and W processes with A
+steps see exactly the batches one process sees with W*A steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from . import distributed as dist
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .errors import BertforgeError
+from .optim import build_optimizer, warmup_linear
+
+
+class TrainingDiverged(BertforgeError):
+    """The loss became NaN or infinite."""
+
+    exit_code = 3
+
+
+class Task(Protocol):
+    """What a training task provides to the loop."""
+
+    def micro_batches_per_epoch(self, epoch: int) -> int: ...
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]: ...
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The scalar loss to minimise and its named parts (detached), for one micro-batch."""
+        ...
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]: ...
+
+
+@dataclass
+class TrainConfig:
+    """Settings of the training loop, shared by `pretrain` and `finetune`."""
+
+    out: str = "run"  # output directory
+    batch_size: int = 32  # examples per micro-batch, per process
+    grad_accum: int = 1  # micro-batches per optimizer step, per process
+    lr: float = 1e-4  # peak learning rate
+    warmup: float = 0.01  # warmup: a fraction of the total steps if < 1, else a number of steps
+    weight_decay: float = 0.01  # decoupled weight decay (not on biases and LayerNorm)
+    optimizer: str = "adamw"  # adamw | lamb
+    max_grad_norm: float = 1.0  # clip the global gradient norm (0 = off)
+    max_steps: int | None = None  # stop after this many optimizer steps
+    epochs: float | None = None  # stop after this many passes over the data
+    time_budget: float | None = None  # stop after this many seconds of training
+    log_every: int = 10  # steps between metrics.jsonl rows
+    eval_every: int | None = None  # steps between evaluations (None: at the end only)
+    save_every: int | None = 500  # steps between checkpoints (None: at the end only)
+    keep_last: int = 2  # checkpoints kept
+    precision: str = "fp32"  # fp32 | bf16 (autocast; bf16 is the CUDA choice)
+    compile: bool = False  # torch.compile the model
+    seed: int = 0
+    progress: bool = True  # show a progress bar
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "grad_accum", "log_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise BertforgeError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.lr <= 0:
+            raise BertforgeError("--lr must be positive")
+        if self.warmup < 0:
+            raise BertforgeError("--warmup must be >= 0")
+        if self.optimizer not in ("adamw", "lamb"):
+            raise BertforgeError(f"--optimizer must be adamw or lamb, not {self.optimizer!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise BertforgeError(f"--precision must be fp32 or bf16, not {self.precision!r}")
+        if self.max_steps is None and self.epochs is None and self.time_budget is None:
+            raise BertforgeError("give a stopping rule: --max-steps, --epochs or --time-budget")
+        for name in ("max_steps", "epochs", "time_budget", "eval_every", "save_every"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise BertforgeError(f"--{name.replace('_', '-')} must be positive")
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '30m', '1.5h' -> seconds."""
+    text = text.strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise BertforgeError(f"cannot read duration {text!r}; use e.g. 90s, 30m or 2h") from None
+
+
+class Trainer:
+    """Runs a `Task` on a model to the stopping rule, checkpointing and logging along the way."""
+
+    def __init__(self, model: torch.nn.Module, task: Task, config: TrainConfig, run_info: dict[str, Any] | None = None):
+        self.config = config
+        self.task = task
+        self.out = Path(config.out)
+        self.device = dist.device()
+        self.model = model.to(self.device)
+        self.run_info = run_info or {}
+        self.world = dist.world_size()
+        self.rank = dist.rank()
+        self.optimizer = build_optimizer(self.model, config.optimizer, config.lr, config.weight_decay)
+        self.train_model = dist.wrap(torch.compile(self.model) if config.compile else self.model)
+        self.metrics_file = self.out / "metrics.jsonl"
+        self.checkpoints = self.out / "checkpoints"
+        self.state: dict[str, Any] = {"epoch": 0, "position": 0, "horizon": None, "elapsed": 0.0}
+
+    # ------------------------------------------------------------------ schedule
+    def _steps_per_epoch(self, epoch: int) -> int:
+        per_step = self.config.grad_accum * self.world
+        return self.task.micro_batches_per_epoch(epoch) // per_step
+
+    def _initial_horizon(self) -> int | None:
+        c = self.config
+        candidates = []
+        if c.max_steps is not None:
+            candidates.append(c.max_steps)
+        if c.epochs is not None:
+            candidates.append(max(1, math.ceil(c.epochs * self._steps_per_epoch(0))))
+        return min(candidates) if candidates else None
+
+    def _lr_factor(self, step: int) -> float:
+        horizon = self.state["horizon"]
+        if horizon is None:  # time budget only, before the schedule's length is measured (30 steps)
+            return min(1.0, (step + 1) / 100)
+        warmup = self.config.warmup
+        warmup_steps = int(round(warmup * horizon)) if warmup < 1 else int(warmup)
+        return warmup_linear(max(1, warmup_steps), horizon)(step)
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> int:
+        """Load the latest checkpoint under OUT/checkpoints; returns its step."""
+        path = latest_checkpoint(self.checkpoints)
+        if path is None:
+            raise BertforgeError(f"{self.checkpoints}: no checkpoint to resume from")
+        state = load_checkpoint(path, self.model, self.optimizer)
+        saved_run = state.get("run", {})
+        differences = [k for k in sorted(set(saved_run) | set(self.run_info))
+                       if k not in _RESUME_FREE and saved_run.get(k) != self.run_info.get(k)]
+        if differences:
+            k = differences[0]
+            raise BertforgeError(f"{path}: cannot resume: '{k}' was {saved_run.get(k)!r} and is now "
+                                 f"{self.run_info.get(k)!r}; resume with the same settings, or start a new --out")
+        self.state.update({k: state[k] for k in ("epoch", "position", "horizon", "elapsed")})
+        if dist.is_main() and self.metrics_file.exists():  # drop rows logged after the checkpoint
+            rows = [line for line in self.metrics_file.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line)["step"] <= state["step"]]
+            self.metrics_file.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+        return int(state["step"])
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        c = self.config
+        step = self.resume() if resume else 0
+        if not resume:
+            self.state["horizon"] = self._initial_horizon()
+        if self._steps_per_epoch(self.state["epoch"]) < 1:
+            raise BertforgeError(
+                f"the data gives {self.task.micro_batches_per_epoch(self.state['epoch'])} micro-batches of "
+                f"{c.batch_size}, fewer than one optimizer step needs ({c.grad_accum * self.world}); "
+                "use more text or a smaller --batch-size")
+        main = dist.is_main()
+        bar = self._progress_bar(step) if main and c.progress else None
+        autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if c.precision == "bf16"
+                    else contextlib.nullcontext())
+        window = _Window()
+        last_eval: dict[str, float] = {}
+        started = time.perf_counter() - self.state["elapsed"]
+        saved_at = step if resume else -1
+        ten_steps_at = 0.0
+        stop_reason = None
+        while stop_reason is None:
+            self.train_model.train()
+            for a in range(c.grad_accum):
+                index = self.state["position"] + a * self.world + self.rank
+                batch = {k: v.to(self.device) for k, v in self.task.micro_batch(self.state["epoch"], index).items()}
+                sync = (contextlib.nullcontext() if a == c.grad_accum - 1 or self.world == 1
+                        else self.train_model.no_sync())
+                with sync, autocast:
+                    loss, parts = self.task.loss(self.train_model, batch)
+                    (loss / c.grad_accum).backward()
+                window.add(loss, parts, int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0)
+
+            if not window.last_step_finite(c.grad_accum):
+                self.optimizer.zero_grad(set_to_none=True)
+                last = latest_checkpoint(self.checkpoints)
+                raise TrainingDiverged(
+                    f"loss became {window.last_value():.4g} at step {step + 1} (lr {c.lr * self._lr_factor(step):.3g}); "
+                    f"stopped without saving. Last good checkpoint: {last or 'none'}. "
+                    "Lower --lr, raise --warmup, or check the data.")
+            grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+                         if c.max_grad_norm > 0 else _grad_norm(self.model))
+            lr = c.lr * self._lr_factor(step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            step += 1
+            self._advance_position()
+            self.state["elapsed"] = time.perf_counter() - started
+            window.step_done(float(grad_norm), lr)
+
+            if step == 10:
+                ten_steps_at = self.state["elapsed"]
+            if self.state["horizon"] is None and c.time_budget and step >= 30:
+                # Only a time budget: fix the schedule's length once, from the speed of steps 10-30
+                # (the first steps are slow while allocators warm up), less 5% for evaluation and
+                # saving. It is saved with the checkpoints, so a resumed run keeps the same schedule.
+                per_step = (self.state["elapsed"] - ten_steps_at) / 20
+                remaining = 0.95 * (c.time_budget - self.state["elapsed"])
+                self.state["horizon"] = step + max(1, int(remaining / per_step))
+                self.state["horizon"] = dist.broadcast_int(self.state["horizon"])
+                if bar is not None:
+                    bar.total = self.state["horizon"]
+
+            stop_reason = self._stop_reason(step)
+            if step % c.log_every == 0 or stop_reason:
+                row = window.summary(self.world)
+                if c.eval_every and (step % c.eval_every == 0 or stop_reason):
+                    last_eval = self._evaluate()
+                    row.update({f"eval_{k}": v for k, v in last_eval.items()})
+                if main:
+                    epoch_f = self.state["epoch"] + self.state["position"] / max(1, self.task.micro_batches_per_epoch(self.state["epoch"]))
+                    self._log({"step": step, "epoch": round(epoch_f, 4), **row})
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+            if bar is not None:
+                bar.update(1)
+            if (c.save_every and step % c.save_every == 0) or stop_reason:
+                self._save(step)
+                saved_at = step
+        if bar is not None:
+            bar.close()
+        if saved_at != step:
+            self._save(step)
+        if not c.eval_every:
+            last_eval = self._evaluate()
+            if main:
+                self._log({"step": step, **{f"eval_{k}": v for k, v in last_eval.items()}})
+        return {"step": step, "stop": stop_reason, "eval": last_eval, "elapsed": self.state["elapsed"]}
+
+    # ------------------------------------------------------------------ helpers
+    def _advance_position(self) -> None:
+        per_step = self.config.grad_accum * self.world
+        self.state["position"] += per_step
+        if self.state["position"] + per_step > self.task.micro_batches_per_epoch(self.state["epoch"]):
+            self.state["epoch"] += 1  # the last incomplete step's worth of batches is dropped
+            self.state["position"] = 0
+
+    def _stop_reason(self, step: int) -> str | None:
+        c = self.config
+        reason = None
+        if c.max_steps is not None and step >= c.max_steps:
+            reason = "max_steps"
+        elif self.state["horizon"] is not None and step >= self.state["horizon"]:
+            reason = "schedule"  # the learning rate has decayed to zero: further steps change nothing
+        elif c.epochs is not None and self.state["epoch"] + self.state["position"] / max(
+                1, self.task.micro_batches_per_epoch(self.state["epoch"])) >= c.epochs - 1e-9:
+            reason = "epochs"
+        over_time = c.time_budget is not None and self.state["elapsed"] >= c.time_budget
+        if dist.broadcast_flag(over_time) and reason is None:
+            reason = "time_budget"
+        return reason
+
+    def _evaluate(self) -> dict[str, float]:
+        result: dict[str, float] = {}
+        if dist.is_main():
+            model = dist.unwrap(self.train_model)
+            was = model.training
+            model.eval()
+            with torch.no_grad():
+                result = self.task.evaluate(model)
+            model.train(was)
+        dist.barrier()
+        return result
+
+    def _save(self, step: int) -> None:
+        if dist.is_main():
+            state = dict(self.state, run=self.run_info, config=asdict(self.config))
+            save_checkpoint(self.checkpoints, step, self.model, self.optimizer, state, self.config.keep_last)
+        dist.barrier()
+
+    def _log(self, row: dict[str, Any]) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _progress_bar(self, initial: int):
+        from tqdm import tqdm
+
+        return tqdm(total=self.state["horizon"], initial=initial, unit="step", dynamic_ncols=True, desc="train")
+
+
+# Settings that may change between a run and its resumption.
+_RESUME_FREE = {"time_budget", "max_steps", "epochs", "log_every", "eval_every", "save_every", "keep_last", "progress"}
+
+
+def _grad_norm(model: torch.nn.Module) -> torch.Tensor:
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return torch.stack(norms).norm() if norms else torch.zeros(())
+
+
+class _Window:
+    """Running sums between two log rows."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.micro = 0
+        self.steps = 0
+        self.tokens = 0
+        self.grad_norm = 0.0
+        self.lr = 0.0
+        self.started = time.perf_counter()
+        self._step_losses: list[float] = []
+
+    def add(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], tokens: int) -> None:
+        value = float(loss.detach())
+        self._step_losses.append(value)
+        self.sums["loss"] = self.sums.get("loss", 0.0) + value
+        for k, v in parts.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+        self.micro += 1
+        self.tokens += tokens
+
+    def last_step_finite(self, accum: int) -> bool:
+        values = dist.sum_across([sum(self._step_losses[-accum:])])
+        return math.isfinite(values[0])
+
+    def last_value(self) -> float:
+        return sum(self._step_losses[-1:])
+
+    def step_done(self, grad_norm: float, lr: float) -> None:
+        self.steps += 1
+        self.grad_norm, self.lr = grad_norm, lr
+        self._step_losses = []
+
+    def summary(self, world: int) -> dict[str, float]:
+        keys = sorted(self.sums)
+        totals = dist.sum_across([self.sums[k] for k in keys] + [self.micro, self.tokens])
+        micro, tokens = totals[-2], totals[-1]
+        seconds = time.perf_counter() - self.started
+        row = {k: totals[i] / max(1, micro) for i, k in enumerate(keys)}
+        row.update(lr=self.lr, grad_norm=self.grad_norm, tokens_per_s=tokens / max(seconds, 1e-9))
+        self._reset()
+        return row

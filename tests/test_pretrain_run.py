@@ -1,0 +1,206 @@
+"""`bertforge pretrain` end to end: outputs, exact resume after SIGKILL, DDP = one process,
+and the bad-input cases. Models are tiny (L2-H64) so each run takes seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge import BertConfig, BertForPreTraining, Tokenizer
+from bertforge.pretrain import PretrainConfig, PretrainingTask, run_pretrain
+
+from corpus_utils import write_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt", n_docs=160, seed=7)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, corpus) -> Path:
+    path = tmp_path_factory.mktemp("tok")
+    Tokenizer.train([corpus], vocab_size=400, min_frequency=1).save(path)
+    return path
+
+
+def base_args(corpus: Path, tokenizer_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [str(corpus), "--tokenizer", str(tokenizer_dir), "--model", "L2-H64", "--seq-len", "32",
+            "--batch-size", "8", "--lr", "2e-3", "--warmup", "2", "--log-every", "2", "--seed", "3",
+            "--workers", "1", "--out", str(out), *extra]
+
+
+def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "bertforge", "pretrain", *args], capture_output=True, text=True,
+                          env=env, timeout=600, **kwargs)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_outputs_and_hf_export(tmp_path, corpus, tokenizer_dir):
+    out = tmp_path / "run"
+    result = cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "6", "--eval-every", "3", "--save-every", "3"))
+    assert result.returncode == 0, result.stderr
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "metrics.jsonl", "curves.png",
+                 "pretrain_results.json"):
+        assert (out / name).is_file(), name
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6]
+    for key in ("step", "epoch", "loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "tokens_per_s"):
+        assert key in rows[0], key
+    assert {"eval_mlm_loss", "eval_mlm_acc", "eval_nsp_acc", "eval_perplexity"} <= set(rows[-1])
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000003", "step-00000006"]
+    transformers = pytest.importorskip("transformers")
+    model, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert transformers.AutoTokenizer.from_pretrained(out)("Doc1 alpha")["input_ids"][0] == Tokenizer.from_pretrained(out).cls_token_id
+
+
+def test_exact_resume_after_sigkill(tmp_path, corpus, tokenizer_dir):
+    """A run killed with SIGKILL at a random moment and resumed ends bitwise equal to an uninterrupted one."""
+    steps = ["--max-steps", "14", "--save-every", "2", "--eval-every", "7", "--keep-last", "2"]
+    whole = tmp_path / "whole"
+    assert cli(*base_args(corpus, tokenizer_dir, whole, *steps)).returncode == 0
+
+    killed = tmp_path / "killed"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "pretrain", *base_args(corpus, tokenizer_dir, killed, *steps)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 300
+    while not any((killed / "checkpoints").glob("step-*")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    time.sleep(random.Random(1).uniform(0.0, 0.6))  # somewhere in the middle of training or of a save
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed; make it longer"
+    resumed = cli(*base_args(corpus, tokenizer_dir, killed, *steps, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr
+
+    a, b = weights(whole), weights(killed)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    rows_a = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    rows_b = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("loss")) for r in rows_a] == [(r["step"], r.get("loss")) for r in rows_b]
+
+
+def test_resume_refuses_a_different_config(tmp_path, corpus, tokenizer_dir):
+    out = tmp_path / "run"
+    assert cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2")).returncode == 0
+    before = weights(out)
+    result = cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "4", "--resume", "--batch-size", "4"))
+    assert result.returncode == 2 and "cannot resume: 'batch_size' was 8 and is now 4" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert all(torch.equal(before[k], v) for k, v in weights(out).items())
+
+
+def test_output_directory_is_protected(tmp_path, corpus, tokenizer_dir):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2"))
+    assert result.returncode == 2 and "--overwrite" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2", "--overwrite")).returncode == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
+    nothing = cli(*base_args(corpus, tokenizer_dir, tmp_path / "fresh", "--max-steps", "2", "--resume"))
+    assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seq-len", "600"], "--seq-len 600 exceeds"),
+    (["--objective", "nsp"], "--objective must be"),
+    (["--lr", "0"], "--lr must be positive"),
+])
+def test_bad_flags(tmp_path, corpus, tokenizer_dir, extra, message):
+    result = cli(*base_args(corpus, tokenizer_dir, tmp_path / "run", "--max-steps", "2", *extra))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_corpus_errors_from_the_cli(tmp_path, tokenizer_dir):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    result = cli(*base_args(empty, tokenizer_dir, tmp_path / "a", "--max-steps", "2"))
+    assert result.returncode == 2 and "the corpus is empty" in result.stderr
+    one_doc = tmp_path / "one.txt"
+    one_doc.write_text("Just one short document. It has two sentences.\n")
+    result = cli(*base_args(one_doc, tokenizer_dir, tmp_path / "b", "--max-steps", "2"))
+    assert result.returncode == 2 and "NSP needs at least two documents" in result.stderr
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(bytes(range(256)) * 4)
+    result = cli(*base_args(binary, tokenizer_dir, tmp_path / "c", "--max-steps", "2"))
+    assert result.returncode == 2 and "blob.txt: looks like a binary file" in result.stderr
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, corpus, tokenizer_dir, monkeypatch):
+    real_loss = PretrainingTask.loss
+    calls = {"n": 0}
+
+    def poisoned(self, model, batch):
+        loss, parts = real_loss(self, model, batch)
+        calls["n"] += 1
+        return (loss * float("nan"), parts) if calls["n"] == 5 else (loss, parts)
+
+    monkeypatch.setattr(PretrainingTask, "loss", poisoned)
+    cfg = PretrainConfig(corpus=[str(corpus)], tokenizer=str(tokenizer_dir), model="L2-H64", seq_len=32, batch_size=8,
+                         max_steps=10, save_every=2, out=str(tmp_path / "run"), workers=1, progress=False)
+    from bertforge.train import TrainingDiverged
+
+    with pytest.raises(TrainingDiverged, match="loss became nan at step 5.*step-00000004"):
+        run_pretrain(cfg)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+
+
+def test_mlm_objective_and_prepared_input(tmp_path, corpus, tokenizer_dir):
+    prepared = tmp_path / "prepared"
+    p = subprocess.run([sys.executable, "-m", "bertforge", "prepare", str(corpus), "--tokenizer", str(tokenizer_dir),
+                        "--out", str(prepared), "--workers", "2"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["documents"] == 160
+    out = tmp_path / "run"
+    args = base_args(prepared, tokenizer_dir, out, "--max-steps", "3", "--objective", "mlm", "--wwm")
+    result = cli(*args)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    assert not (out / "data").exists()  # read the prepared shards in place
+
+
+def test_ddp_two_processes_equal_one_process(tmp_path, corpus, tokenizer_dir):
+    """torchrun with 2 CPU processes (gloo) ends with the weights of 1 process on the same global batch."""
+    init = tmp_path / "init"
+    tok = Tokenizer.from_pretrained(tokenizer_dir)
+    config = BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size, hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0)
+    BertForPreTraining(config).save_pretrained(init, tokenizer=tok)
+    common = [str(corpus), "--model", str(init), "--seq-len", "32", "--batch-size", "4", "--lr", "2e-3",
+              "--warmup", "1", "--max-steps", "3", "--log-every", "1", "--seed", "3", "--workers", "1"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    single = subprocess.run([sys.executable, "-m", "bertforge", "pretrain", *common, "--grad-accum", "2",
+                             "--out", str(tmp_path / "one")], capture_output=True, text=True, env=env, timeout=600)
+    assert single.returncode == 0, single.stderr
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "bertforge", "pretrain", *common, "--out", str(tmp_path / "two")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=0, msg=lambda m: f"{key}: {m}")
+    start = weights(init)
+    assert any(not torch.equal(start[k], a[k]) for k in a)  # training really moved the weights
+    rows_one = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    rows_two = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [round(r["loss"], 5) for r in rows_one if "loss" in r] == [round(r["loss"], 5) for r in rows_two if "loss" in r]
