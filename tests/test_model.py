@@ -53,7 +53,8 @@ def test_sdpa_equals_explicit_attention(padded):
     with torch.no_grad():
         fast = model(ids, types, mask)
         slow = model(ids, types, mask, output_attentions=True)
-    torch.testing.assert_close(fast.last_hidden_state, slow.last_hidden_state, atol=1e-5, rtol=0)
+    real = mask.bool()  # padding positions hold no meaning (zeros on the unpadded path)
+    torch.testing.assert_close(fast.last_hidden_state[real], slow.last_hidden_state[real], atol=1e-5, rtol=0)
     probs = torch.stack(slow.attentions)  # (L, B, nh, T, T)
     assert probs.shape == (TINY["num_hidden_layers"], ids.shape[0], TINY["num_attention_heads"], ids.shape[1], ids.shape[1])
     torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
@@ -178,3 +179,43 @@ def test_training_step_reduces_loss():
             assert no_grad == [], no_grad
         opt.step()
     assert loss.item() < first * 0.5
+
+
+def test_unpadded_equals_padded_forward_and_backward():
+    """The default unpadded path (real tokens only) gives the padded path's outputs and gradients."""
+    config = BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    fast = BertForPreTraining(config)
+    slow = BertForPreTraining(config)
+    slow.load_state_dict(fast.state_dict())
+    slow.bert.unpad = False
+    ids, types, mask = ragged_batch()
+    labels = ids.masked_fill(mask == 0, -100)
+    nsp = torch.tensor([0, 1, 1, 0])
+    outs = []
+    for model in (fast, slow):
+        out = model(ids, types, mask, labels=labels, next_sentence_label=nsp, output_hidden_states=True)
+        out.loss.backward()
+        outs.append(out)
+    real = mask.bool()
+    for a, b in zip(outs[0].hidden_states, outs[1].hidden_states):
+        torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=0)
+    assert (outs[0].hidden_states[-1][~real] == 0).all()  # padding restored as zeros
+    torch.testing.assert_close(outs[0].loss, outs[1].loss, atol=1e-6, rtol=0)
+    torch.testing.assert_close(outs[0].nsp_logits, outs[1].nsp_logits, atol=1e-5, rtol=0)
+    for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_packing_helpers_round_trip():
+    from bertforge.padding import pad, packing, unpad
+
+    _, _, mask = ragged_batch()
+    x = torch.randn(*mask.shape, 5)
+    p = packing(mask)
+    assert p.cu_seqlens.tolist() == [0, 13, 22, 26, 27]
+    packed = unpad(x, p)
+    assert packed.shape == (27, 5)
+    restored = pad(packed, p)
+    torch.testing.assert_close(restored[mask.bool()], x[mask.bool()])
+    assert (restored[~mask.bool()] == 0).all()
+    torch.testing.assert_close(packed[p.first_tokens], x[:, 0])

@@ -204,3 +204,24 @@ def test_ddp_two_processes_equal_one_process(tmp_path, corpus, tokenizer_dir):
     rows_one = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     rows_two = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [round(r["loss"], 5) for r in rows_one if "loss" in r] == [round(r["loss"], 5) for r in rows_two if "loss" in r]
+
+
+def test_embedded_default_runs_offline(tmp_path):
+    """README's main job with a short stop: no corpus given, so the standard-library docstrings are used."""
+    out = tmp_path / "default"
+    result = cli("--out", str(out), "--max-steps", "3", "--eval-every", "3")
+    assert result.returncode == 0, result.stderr
+    assert "fill-mask with the model just trained" in result.stdout
+    assert result.stdout.count("    -> ") == 4
+    summary = json.loads((out / "pretrain_results.json").read_text())
+    assert summary["steps"] == 3 and summary["config"]["model"] is None and summary["eval"]["nsp_acc"] >= 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["hidden_size"] == 128 and config["vocab_size"] <= 8000
+
+
+def test_lamb_and_bf16_autocast(tmp_path, corpus, tokenizer_dir):
+    out = tmp_path / "run"
+    result = cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "4", "--optimizer", "lamb", "--precision", "bf16"))
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["loss"] == r["loss"] for r in rows if "loss" in r)  # finite

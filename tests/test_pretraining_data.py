@@ -71,9 +71,32 @@ def test_corpus_bad_input(tmp_path):
         list(iter_documents([str(tmp_path / "missing*.txt")]))
 
 
-def test_hub_dataset_offline_is_a_clear_error():
-    with pytest.raises(InputError, match="hf:some/dataset"):
-        list(iter_documents(["hf:some/dataset"]))
+def test_datasets_directory(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"body": ["First document.", "", "Second one."]}).save_to_disk(tmp_path / "single")
+    assert list(iter_documents([str(tmp_path / "single")], CorpusOptions(text_field="body"))) == [
+        "First document.", "Second one."]
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b c."]}),
+                                   "test": datasets.Dataset.from_dict({"text": ["x."]})})
+    splits.save_to_disk(tmp_path / "dict")
+    assert list(iter_documents([str(tmp_path / "dict")])) == ["a b c."]
+    with pytest.raises(InputError, match="no split 'validation'"):
+        list(iter_documents([str(tmp_path / "dict")], CorpusOptions(hf_split="validation")))
+
+
+def test_hub_dataset_offline_is_a_clear_error(tmp_path, tokenizer):
+    import os
+    import subprocess
+    import sys
+
+    tokenizer.save(tmp_path / "tok")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    result = subprocess.run([sys.executable, "-m", "bertforge", "prepare", "hf:some/dataset", "--tokenizer",
+                             str(tmp_path / "tok"), "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "hf:some/dataset" in result.stderr and ("network" in result.stderr or "pip install datasets" in result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_empty_corpus(tmp_path, tokenizer):

