@@ -1,24 +1,36 @@
 """bertforge: a from-scratch, readable BERT that pretrains, fine-tunes and serves,
-with checkpoints that move freely to and from the Hugging Face ecosystem."""
+with checkpoints that move freely to and from the Hugging Face ecosystem.
 
-from .config import PRESETS, BertConfig
-from .errors import BertforgeError, CheckpointError, ConfigError, InputError, TokenizerError
-from .heads import (
-    BertForMaskedLM,
-    BertForNextSentencePrediction,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from .model import BertModel
-from .tokenizer import Tokenizer
+The public names are imported on first use (PEP 562), so that light processes, such
+as `prepare`'s tokenising workers, do not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PRESETS", "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM",
-    "BertForNextSentencePrediction", "BertForSequenceClassification", "BertForTokenClassification",
-    "BertForQuestionAnswering", "Tokenizer", "BertforgeError", "CheckpointError", "ConfigError",
-    "InputError", "TokenizerError", "__version__",
-]
+_EXPORTS = {
+    "PRESETS": "config", "BertConfig": "config",
+    "BertforgeError": "errors", "CheckpointError": "errors", "ConfigError": "errors", "InputError": "errors",
+    "TokenizerError": "errors",
+    "BertModel": "model",
+    "BertForPreTraining": "heads", "BertForMaskedLM": "heads", "BertForNextSentencePrediction": "heads",
+    "BertForSequenceClassification": "heads", "BertForTokenClassification": "heads",
+    "BertForQuestionAnswering": "heads",
+    "Tokenizer": "tokenizer",
+}
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'bertforge' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

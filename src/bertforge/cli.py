@@ -123,6 +123,41 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_score(args: argparse.Namespace) -> int:
+    from . import score
+
+    if args.score_command == "squad":
+        result = score.score_squad(args.data, args.predictions, args.na_probs, args.threshold)
+    elif args.score_command == "ner":
+        result = score.score_ner(args.gold, args.pred)
+    else:
+        result = score.score_classification(args.gold, args.pred)
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from .finetune import FinetuneConfig, run_finetune
+
+    given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(FinetuneConfig)}
+             and v is not None}
+    given["task"] = args.task
+    given.setdefault("progress", sys.stderr.isatty())
+    run_finetune(FinetuneConfig(**given))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .data.classification import Columns
+    from .finetune import run_evaluate
+
+    metrics = run_evaluate(args.task, args.model, args.data, seq_len=args.seq_len, batch_size=args.batch_size,
+                           columns=Columns(args.text_column, args.pair_column, args.label_column),
+                           predictions=args.predictions)
+    print(json.dumps(metrics))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertforge",
@@ -178,6 +213,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress-bar", action="store_true", help="show the progress bar even when not on a terminal")
     add_dataclass_flags(p, PretrainConfig, skip={"corpus", "progress"})
     p.set_defaults(func=cmd_pretrain)
+
+    from .finetune import TASKS, FinetuneConfig
+
+    p = sub.add_parser("finetune", help="fine-tune for classification, regression or NER",
+                       description="Fine-tune a checkpoint (or a preset with --tokenizer) on a task, evaluating "
+                                   "every epoch and keeping the best model by the task's main metric "
+                                   "(accuracy, Pearson, entity F1). The result is a Hugging Face model directory.")
+    p.add_argument("task", choices=TASKS)
+    add_dataclass_flags(p, FinetuneConfig, skip={"task", "progress", "eval_every", "eval_each_epoch",
+                                                 "select_metric", "greater_is_better"})
+    p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("evaluate", help="score a fine-tuned model on a labelled file",
+                       description="Run a fine-tuned checkpoint on a labelled file and print the task's metrics.")
+    p.add_argument("task", choices=TASKS)
+    p.add_argument("--model", required=True, help="fine-tuned checkpoint directory")
+    p.add_argument("--data", required=True, help="labelled file in the task's format")
+    p.add_argument("--predictions", help="also write one JSON prediction per example to this file")
+    p.add_argument("--seq-len", type=int, default=512, help="maximum tokens per example (default 512)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--text-column")
+    p.add_argument("--pair-column")
+    p.add_argument("--label-column")
+    p.set_defaults(func=cmd_evaluate)
+
+    scoring = sub.add_parser("score", help="score prediction files with the official metrics",
+                             description="Score predictions you already have.").add_subparsers(
+        dest="score_command", metavar="TASK")
+    p = scoring.add_parser("squad", help="SQuAD v1.1/v2.0 exact match and F1, as the official scripts",
+                           description="DATA.json is the SQuAD file; PREDICTIONS.json maps question ids to answer "
+                                       "text. Prints {exact_match, f1} in percent (v2: HasAns/NoAns splits too).")
+    p.add_argument("data")
+    p.add_argument("predictions")
+    p.add_argument("--na-probs", help="v2: JSON of question id -> no-answer probability")
+    p.add_argument("--threshold", type=float, default=1.0, help="v2: no-answer probability threshold")
+    p.set_defaults(func=cmd_score)
+    p = scoring.add_parser("ner", help="entity-level precision/recall/F1 of two CoNLL files",
+                           description="GOLD and PRED are CoNLL column files with aligned tokens and the tag in "
+                                       "the last column (IOB1, IOB2 or BIOES). conlleval-compatible counting.")
+    p.add_argument("gold")
+    p.add_argument("pred")
+    p.set_defaults(func=cmd_score)
+    p = scoring.add_parser("classification", help="accuracy, macro-F1, binary F1 and MCC of two label files",
+                           description="GOLD and PRED hold one label per line (or as the last tab-separated column).")
+    p.add_argument("gold")
+    p.add_argument("pred")
+    p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("demo", help="offline end-to-end tour: tokenizer, tiny model, save, reload, fill-mask",
                        description="Train a vocabulary on the standard library's docstrings, build a tiny BERT, "

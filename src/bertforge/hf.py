@@ -111,8 +111,13 @@ class LoadReport:
     unexpected_keys: list[str] = field(default_factory=list)
 
 
-def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> LoadReport:
-    """Load transformers-named weights into `model`, refusing any shape mismatch by key name."""
+def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint",
+                       new_head: bool = False) -> LoadReport:
+    """Load transformers-named weights into `model`, refusing any shape mismatch by key name.
+
+    With `new_head` (the caller asked for a different number of labels), a task head whose
+    shape differs is left newly initialised instead, as transformers' ignore_mismatched_sizes.
+    """
     state = dict(state)
     # Checkpoints converted from TensorFlow name LayerNorm parameters gamma and beta.
     for key in list(state):
@@ -140,6 +145,9 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
             report.unexpected_keys.append(key)
             continue
         if tuple(tensor.shape) != tuple(ours[name].shape):
+            if new_head and _is_head_key(key):
+                report.unexpected_keys.append(key)
+                continue
             raise CheckpointError(
                 f"{source}: key '{key}' has shape {tuple(tensor.shape)} but the config gives "
                 f"{tuple(ours[name].shape)}; config.json does not match the weights"
@@ -225,7 +233,7 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
     state: dict[str, torch.Tensor] = {}
     for file in weights_files(path):
         state.update(read_weights(file))
-    report = from_hf_state_dict(model, state, source=str(path))
+    report = from_hf_state_dict(model, state, source=str(path), new_head="num_labels" in config_overrides)
     backbone_missing = [k for k in report.missing_keys if k.startswith(BACKBONE_PREFIX) or not hasattr(model, "bert")]
     head_missing = [k for k in report.missing_keys if k not in backbone_missing]
     if backbone_missing:

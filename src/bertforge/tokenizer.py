@@ -247,7 +247,7 @@ class Tokenizer:
                  return_tensors: str | None = None, return_offsets_mapping: bool = False,
                  return_word_ids: bool = False, return_overflowing_tokens: bool = False,
                  return_special_tokens_mask: bool = False, add_special_tokens: bool = True,
-                 pad_to_multiple_of: int | None = None) -> Encoding:
+                 pad_to_multiple_of: int | None = None, is_split_into_words: bool = False) -> Encoding:
         """Encode one text or a batch, as transformers' tokenizers do.
 
         truncation: False, True / "longest_first", "only_first" or "only_second".
@@ -255,16 +255,19 @@ class Tokenizer:
         return_tensors: None (lists), "pt" (torch) or "np" (numpy): ids become [B, T].
         return_overflowing_tokens with `stride`: long inputs become several windows that
         overlap by `stride` tokens; `overflow_to_sample_mapping` says which input each came from.
+        is_split_into_words: each text is a list of words (e.g. NER tokens); word ids index them.
         """
         pair = text_pair if text_pair is not None else text_pairs
-        single = isinstance(text, str)
+        unit = list if is_split_into_words else str
+        single = isinstance(text, str) or (is_split_into_words and text and isinstance(text[0], str))
         texts = [text] if single else list(text)
-        pairs = None if pair is None else ([pair] if isinstance(pair, str) else list(pair))
+        pairs = None if pair is None else ([pair] if isinstance(pair, unit) and single else list(pair))
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"got {len(texts)} texts but {len(pairs)} text pairs")
         for t in texts + (pairs or []):
-            if not isinstance(t, str):
-                raise TypeError(f"texts must be strings, got {type(t).__name__}")
+            if not isinstance(t, unit):
+                raise TypeError(f"texts must be {'lists of words' if is_split_into_words else 'strings'}, "
+                                f"got {type(t).__name__}")
 
         strategy = {True: "longest_first", "longest_first": "longest_first", "only_first": "only_first",
                     "only_second": "only_second"}.get(truncation)
@@ -277,7 +280,8 @@ class Tokenizer:
         else:
             self.backend.no_truncation()
         inputs = texts if pairs is None else list(zip(texts, pairs))
-        encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words,
+                                              add_special_tokens=add_special_tokens)
         self.backend.no_truncation()
 
         sample_map = list(range(len(encodings)))

@@ -70,6 +70,10 @@ class TrainConfig:
     eval_every: int | None = None  # steps between evaluations (None: at the end only)
     save_every: int | None = 500  # steps between checkpoints (None: at the end only)
     keep_last: int = 2  # checkpoints kept
+    eval_each_epoch: bool = False  # evaluate at the end of every epoch (fine-tuning)
+    select_metric: str | None = None  # keep the model with the best value of this eval metric (in OUT/best)
+    greater_is_better: bool = True  # whether a higher select_metric is better
+    patience: int | None = None  # stop after this many evaluations without improvement
     precision: str = "fp32"  # fp32 | bf16 (autocast; bf16 is the CUDA choice)
     compile: bool = False  # torch.compile the model
     seed: int = 0
@@ -123,7 +127,8 @@ class Trainer:
         self.train_model = dist.wrap(torch.compile(self.model) if config.compile else self.model)
         self.metrics_file = self.out / "metrics.jsonl"
         self.checkpoints = self.out / "checkpoints"
-        self.state: dict[str, Any] = {"epoch": 0, "position": 0, "horizon": None, "elapsed": 0.0}
+        self.state: dict[str, Any] = {"epoch": 0, "position": 0, "horizon": None, "elapsed": 0.0,
+                                      "best": None, "best_step": None, "stale_evals": 0}
 
     # ------------------------------------------------------------------ schedule
     def _steps_per_epoch(self, epoch: int) -> int:
@@ -161,7 +166,8 @@ class Trainer:
             k = differences[0]
             raise BertforgeError(f"{path}: cannot resume: '{k}' was {saved_run.get(k)!r} and is now "
                                  f"{self.run_info.get(k)!r}; resume with the same settings, or start a new --out")
-        self.state.update({k: state[k] for k in ("epoch", "position", "horizon", "elapsed")})
+        self.state.update({k: state[k] for k in ("epoch", "position", "horizon", "elapsed", "best", "best_step",
+                                                 "stale_evals", "best_metrics") if k in state})
         if dist.is_main() and self.metrics_file.exists():  # drop rows logged after the checkpoint
             rows = [line for line in self.metrics_file.read_text(encoding="utf-8").splitlines()
                     if line.strip() and json.loads(line)["step"] <= state["step"]]
@@ -216,7 +222,7 @@ class Trainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             step += 1
-            self._advance_position()
+            epoch_ended = self._advance_position()
             self.state["elapsed"] = time.perf_counter() - started
             window.step_done(float(grad_norm), lr)
 
@@ -234,11 +240,15 @@ class Trainer:
                     bar.total = self.state["horizon"]
 
             stop_reason = self._stop_reason(step)
-            if step % c.log_every == 0 or stop_reason:
+            evaluate_now = bool((c.eval_every and (step % c.eval_every == 0 or stop_reason))
+                                or (c.eval_each_epoch and (epoch_ended or stop_reason)))
+            if step % c.log_every == 0 or stop_reason or evaluate_now:
                 row = window.summary(self.world)
-                if c.eval_every and (step % c.eval_every == 0 or stop_reason):
+                if evaluate_now:
                     last_eval = self._evaluate()
                     row.update({f"eval_{k}": v for k, v in last_eval.items()})
+                    if self._track_best(last_eval, step) and stop_reason is None:
+                        stop_reason = "early_stopping"
                 if main:
                     epoch_f = self.state["epoch"] + self.state["position"] / max(1, self.task.micro_batches_per_epoch(self.state["epoch"]))
                     self._log({"step": step, "epoch": round(epoch_f, 4), **row})
@@ -253,19 +263,41 @@ class Trainer:
             bar.close()
         if saved_at != step:
             self._save(step)
-        if not c.eval_every:
+        if not c.eval_every and not c.eval_each_epoch:
             last_eval = self._evaluate()
             if main:
                 self._log({"step": step, **{f"eval_{k}": v for k, v in last_eval.items()}})
-        return {"step": step, "stop": stop_reason, "eval": last_eval, "elapsed": self.state["elapsed"]}
+            self._track_best(last_eval, step)
+        return {"step": step, "stop": stop_reason, "eval": last_eval, "elapsed": self.state["elapsed"],
+                "best": self.state["best"], "best_step": self.state["best_step"],
+                "best_metrics": self.state.get("best_metrics")}
 
     # ------------------------------------------------------------------ helpers
-    def _advance_position(self) -> None:
+    def _advance_position(self) -> bool:
+        """Move the data position past one optimizer step; True when that ended an epoch."""
         per_step = self.config.grad_accum * self.world
         self.state["position"] += per_step
         if self.state["position"] + per_step > self.task.micro_batches_per_epoch(self.state["epoch"]):
             self.state["epoch"] += 1  # the last incomplete step's worth of batches is dropped
             self.state["position"] = 0
+            return True
+        return False
+
+    def _track_best(self, metrics: dict[str, float], step: int) -> bool:
+        """Keep the best model so far in OUT/best; True when patience has run out."""
+        c = self.config
+        if not c.select_metric or c.select_metric not in metrics:
+            return False
+        value = metrics[c.select_metric]
+        best = self.state["best"]
+        if best is None or (value > best if c.greater_is_better else value < best):
+            self.state.update(best=value, best_step=step, stale_evals=0, best_metrics=dict(metrics))
+            if dist.is_main():
+                self.model.save_pretrained(self.out / "best")
+            dist.barrier()
+            return False
+        self.state["stale_evals"] += 1
+        return c.patience is not None and self.state["stale_evals"] >= c.patience
 
     def _stop_reason(self, step: int) -> str | None:
         c = self.config
@@ -312,7 +344,8 @@ class Trainer:
 
 
 # Settings that may change between a run and its resumption.
-_RESUME_FREE = {"time_budget", "max_steps", "epochs", "log_every", "eval_every", "save_every", "keep_last", "progress"}
+_RESUME_FREE = {"time_budget", "max_steps", "epochs", "log_every", "eval_every", "save_every", "keep_last", "progress",
+                "patience"}
 
 
 def _grad_norm(model: torch.nn.Module) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""Fine-tuning task specs for the one training loop: how batches are made, and how a task is scored.
+
+Every task works on pre-tokenised features (dicts of `input_ids`, `token_type_ids` and a
+label). `FeatureTask` shuffles them per epoch by (seed, epoch), pads each batch to its
+longest row, and predicts in length-sorted batches; the subclasses only turn predictions
+into their metric. QA's features and post-processing live in `data/qa.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .heads import IGNORE_INDEX
+from .metrics import classification_metrics, entity_metrics, regression_metrics
+
+
+def collate(features: list[dict], pad_id: int, label_key: str = "labels") -> dict[str, torch.Tensor]:
+    """Pad a list of features to their longest row. Scalar labels stack; list labels pad with -100."""
+    T = max(len(f["input_ids"]) for f in features)
+    B = len(features)
+    ids = np.full((B, T), pad_id, dtype=np.int64)
+    types = np.zeros((B, T), dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.int64)
+    for i, f in enumerate(features):
+        n = len(f["input_ids"])
+        ids[i, :n], types[i, :n], mask[i, :n] = f["input_ids"], f["token_type_ids"], 1
+    batch = {"input_ids": torch.from_numpy(ids), "token_type_ids": torch.from_numpy(types),
+             "attention_mask": torch.from_numpy(mask)}
+    for key in ("labels", "start_positions", "end_positions"):
+        if key in features[0] and features[0][key] is not None:
+            values = [f[key] for f in features]
+            if isinstance(values[0], list):
+                padded = np.full((B, T), IGNORE_INDEX, dtype=np.int64)
+                for i, v in enumerate(values):
+                    padded[i, :len(v)] = v
+                batch[key] = torch.from_numpy(padded)
+            else:
+                batch[key] = torch.tensor(values, dtype=torch.float32 if isinstance(values[0], float) else torch.long)
+    return batch
+
+
+class FeatureTask:
+    """Shuffled training batches and length-sorted prediction over feature dicts."""
+
+    main_metric = "loss"
+    greater_is_better = True
+
+    def __init__(self, train: list[dict], dev: list[dict], batch_size: int, seed: int, pad_id: int) -> None:
+        self.train, self.dev = train, dev
+        self.batch_size, self.seed, self.pad_id = batch_size, seed, pad_id
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def micro_batches_per_epoch(self, epoch: int) -> int:
+        return len(self.train) // self.batch_size
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng([self.seed, 23, epoch]).permutation(len(self.train)))
+        rows = self._order[1][index * self.batch_size:(index + 1) * self.batch_size]
+        return collate([self.train[int(r)] for r in rows], self.pad_id)
+
+    def loss(self, model, batch):
+        return model(**batch).loss, {}
+
+    @torch.no_grad()
+    def predict(self, model, features: list[dict], take: Callable) -> list:
+        """`take(output, batch)` -> one item per row; batches sorted by length, results in input order."""
+        device = next(model.parameters()).device
+        order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+        results: list = [None] * len(features)
+        for start in range(0, len(order), self.batch_size * 2):
+            rows = order[start:start + self.batch_size * 2]
+            batch = collate([features[i] for i in rows], self.pad_id)
+            inputs = {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
+            for i, item in zip(rows, take(model(**inputs), batch)):
+                results[i] = item
+        return results
+
+
+class ClassificationTask(FeatureTask):
+    """Single-label classification (accuracy selects the model) or, with `regression`, Pearson."""
+
+    def __init__(self, *args, id2label: dict[int, str] | None = None, regression: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.id2label, self.regression = id2label, regression
+        self.main_metric = "pearson" if regression else "accuracy"
+
+    def predictions(self, model, features: list[dict]) -> list:
+        if self.regression:
+            return self.predict(model, features, lambda out, _: out.logits.squeeze(-1).float().tolist())
+        return self.predict(model, features, lambda out, _: out.logits.argmax(-1).tolist())
+
+    def evaluate(self, model) -> dict[str, float]:
+        return self.score(self.predictions(model, self.dev), [f["labels"] for f in self.dev])
+
+    def score(self, predicted: list, gold: list) -> dict[str, float]:
+        if self.regression:
+            return regression_metrics(gold, predicted)
+        names = [self.id2label[i] for i in range(len(self.id2label))]
+        return classification_metrics([names[g] for g in gold], [names[p] for p in predicted], labels=names)
+
+
+class TokenClassificationTask(FeatureTask):
+    """NER: predictions at each word's first sub-token, scored as entities (seqeval)."""
+
+    main_metric = "f1"
+
+    def __init__(self, *args, id2label: dict[int, str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.id2label = id2label
+
+    def word_tags(self, model, features: list[dict]) -> list[list[str]]:
+        """Predicted IOB2 tags per word; words cut off by truncation are tagged O."""
+
+        def take(out, batch):
+            best = out.logits.argmax(-1).cpu()
+            return [best[i][batch["labels"][i] != IGNORE_INDEX].tolist() for i in range(best.shape[0])]
+
+        tags = []
+        for feature, ids in zip(features, self.predict(model, features, take)):
+            words = [self.id2label[i] for i in ids]
+            tags.append(words + ["O"] * (feature["num_words"] - len(words)))
+        return tags
+
+    def evaluate(self, model) -> dict[str, float]:
+        result = entity_metrics([f["tags"] for f in self.dev], self.word_tags(model, self.dev))
+        per_type = result.pop("per_type")
+        result.update({f"{name}_f1": v["f1"] for name, v in per_type.items()})
+        return result

@@ -1,0 +1,175 @@
+"""Fine-tuning: readers on real GLUE/CoNLL slices (and malformed rows), truncation, sub-token label
+alignment, and short end-to-end runs for classify / regress / ner with the HF export and `evaluate`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bertforge import BertConfig, BertModel, Tokenizer
+from bertforge.data.classification import Columns, label_set, read_examples, truncate_ids
+from bertforge.data.ner import read_sentences
+from bertforge.errors import InputError
+from bertforge.finetune import ner_features
+
+from conftest import shared
+
+
+def test_glue_readers():
+    sst = read_examples(shared("glue", "SST-2", "dev.tsv"))
+    assert len(sst) == 872 and sst[0].pair is None and label_set(sst) == ["0", "1"]
+    mrpc = read_examples(shared("glue", "MRPC", "dev.tsv"))  # BOM, '#1 String' / '#2 String' / 'Quality'
+    assert len(mrpc) == 408 and mrpc[0].pair and {e.label for e in mrpc} == {"0", "1"}
+    rte = read_examples(shared("glue", "RTE", "dev.tsv"))
+    assert len(rte) == 277 and label_set(rte) == ["entailment", "not_entailment"]
+    sts = read_examples(shared("glue", "STS-B", "dev.tsv"))
+    assert len(sts) == 1500 and 0.0 <= float(sts[0].label) <= 5.0
+    by_index = read_examples(shared("glue", "RTE", "dev.tsv"), Columns(text="1", pair="2", label="3"))
+    assert [(e.text, e.pair, e.label) for e in by_index] == [(e.text, e.pair, e.label) for e in rte]
+
+
+def test_csv_and_jsonl(tmp_path):
+    (tmp_path / "a.csv").write_text('text,label\n"Hello, world",pos\nBad day,neg\n', encoding="utf-8")
+    assert [(e.text, e.label) for e in read_examples(tmp_path / "a.csv")] == [("Hello, world", "pos"), ("Bad day", "neg")]
+    (tmp_path / "a.jsonl").write_text('{"text": "x", "text_pair": "y", "label": 1}\n', encoding="utf-8")
+    e = read_examples(tmp_path / "a.jsonl")[0]
+    assert (e.text, e.pair, e.label) == ("x", "y", "1")
+
+
+def test_malformed_rows(tmp_path):
+    ragged = tmp_path / "r.tsv"
+    ragged.write_text("sentence\tlabel\ngood\t1\nbad row\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"r.tsv:3: 1 fields where the header has 2"):
+        read_examples(ragged)
+    missing = tmp_path / "m.tsv"
+    missing.write_text("sentence\tstars\nok\t5\n", encoding="utf-8")
+    with pytest.raises(InputError, match="m.tsv: cannot find the label column"):
+        read_examples(missing)
+    with pytest.raises(InputError, match="no label column 'rating'"):
+        read_examples(missing, Columns(label="rating"))
+    empty = tmp_path / "e.tsv"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(InputError, match="e.tsv: empty"):
+        read_examples(empty)
+
+
+def test_truncation_strategies():
+    ids = list(range(20))
+    assert truncate_ids(ids, 8, "head") == list(range(8))
+    assert truncate_ids(ids, 8, "tail") == list(range(12, 20))
+    assert truncate_ids(ids, 8, "head+tail") == [0, 1, 14, 15, 16, 17, 18, 19]
+    assert truncate_ids(ids[:5], 8, "tail") == ids[:5]
+
+
+def test_label_alignment_on_words_split_into_many_pieces(minilm_dir):
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    sentences = read_sentences(shared("conll2003", "valid.txt"))[:400]
+    labels = sorted({t for s in sentences for t in s.tags})
+    label2id = {t: i for i, t in enumerate(labels)}
+    features = ner_features(sentences, tok, 128, label2id)
+    multi_piece = 0
+    for s, f in zip(sentences, features):
+        enc = tok(s.tokens, is_split_into_words=True, truncation=True, max_length=128, return_word_ids=True)
+        word_ids = enc["word_ids"]
+        firsts = [i for i, w in enumerate(word_ids) if w is not None and (i == 0 or word_ids[i - 1] != w)]
+        assert [f["labels"][i] for i in firsts] == [label2id[s.tags[word_ids[i]]] for i in firsts]
+        assert all(f["labels"][i] == -100 for i in range(len(word_ids)) if i not in firsts)
+        multi_piece += sum(1 for w in set(w for w in word_ids if w is not None) if word_ids.count(w) >= 3)
+    assert multi_piece > 50  # many words really are split into 3+ pieces
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, minilm_dir) -> Path:
+    """A small random backbone with the real uncased vocabulary: fast to fine-tune in tests."""
+    path = tmp_path_factory.mktemp("tiny")
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    BertModel(BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size)).save_pretrained(path, tokenizer=tok)
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def slice_file(src: Path, dst: Path, lines: int) -> Path:
+    dst.write_text("".join(src.read_text(encoding="utf-8-sig").splitlines(keepends=True)[:lines]), encoding="utf-8")
+    return dst
+
+
+def test_finetune_classify_end_to_end(tmp_path, tiny_checkpoint):
+    train = slice_file(shared("glue", "RTE", "train.tsv"), tmp_path / "train.tsv", 65)
+    dev = slice_file(shared("glue", "RTE", "dev.tsv"), tmp_path / "dev.tsv", 41)
+    out = tmp_path / "out"
+    result = run("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
+                 "--out", str(out), "--epochs", "2", "--batch-size", "16", "--lr", "1e-3")
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "eval_results.json").read_text())
+    assert {"accuracy", "macro_f1", "f1", "mcc", "selected_step"} <= set(results)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sum("eval_accuracy" in r for r in rows) == 2  # evaluated every epoch
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["id2label"] == {"0": "entailment", "1": "not_entailment"}
+    transformers = pytest.importorskip("transformers")
+    _, info = transformers.BertForSequenceClassification.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"]
+    again = run("evaluate", "classify", "--model", str(out), "--data", str(dev), "--predictions", str(tmp_path / "p.jsonl"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["accuracy"] == pytest.approx(results["accuracy"])
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 40
+    # A model whose labels differ from the data's is refused, by name.
+    sst = slice_file(shared("glue", "SST-2", "dev.tsv"), tmp_path / "sst.tsv", 30)
+    refused = run("finetune", "classify", "--model", str(out), "--train", str(sst), "--dev", str(sst),
+                  "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "labels (entailment, not_entailment) differ" in refused.stderr
+
+
+def test_finetune_unseen_dev_label_and_output_protection(tmp_path, tiny_checkpoint):
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\na\tpos\nb\tneg\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nc\tpos\nd\tneutral\n", encoding="utf-8")
+    result = run("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(tmp_path / "train.tsv"),
+                 "--dev", str(tmp_path / "dev.tsv"), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "dev.tsv:3: label 'neutral' is not among the training labels" in result.stderr
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "keep.txt").write_text("mine")
+    result = run("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(tmp_path / "train.tsv"),
+                 "--dev", str(tmp_path / "train.tsv"), "--out", str(tmp_path / "busy"))
+    assert result.returncode == 2 and "--overwrite" in result.stderr
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == ["keep.txt"]
+
+
+def test_finetune_regress_with_seeds(tmp_path, tiny_checkpoint):
+    train = slice_file(shared("glue", "STS-B", "train.tsv"), tmp_path / "train.tsv", 49)
+    dev = slice_file(shared("glue", "STS-B", "dev.tsv"), tmp_path / "dev.tsv", 41)
+    out = tmp_path / "out"
+    result = run("finetune", "regress", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
+                 "--out", str(out), "--epochs", "1", "--batch-size", "16", "--seeds", "1,2")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "eval_results.json").read_text())
+    assert summary["seeds"] == [1, 2] and set(summary["pearson"]) == {"mean", "std"}
+    assert json.loads((out / "seed-1" / "config.json").read_text())["problem_type"] == "regression"
+
+
+def test_finetune_ner(tmp_path, tiny_checkpoint):
+    train = slice_file(shared("conll2003", "train.txt"), tmp_path / "train.txt", 400)
+    dev = slice_file(shared("conll2003", "valid.txt"), tmp_path / "dev.txt", 200)
+    out = tmp_path / "out"
+    result = run("finetune", "ner", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
+                 "--out", str(out), "--epochs", "1", "--batch-size", "8")
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "eval_results.json").read_text())
+    assert {"precision", "recall", "f1"} <= set(results)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForTokenClassification"] and "B-PER" in config["label2id"]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("EU B-ORG\nrejects O X\n", encoding="utf-8")
+    result = run("finetune", "ner", "--model", str(tiny_checkpoint), "--train", str(bad), "--dev", str(dev),
+                 "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "bad.txt:2: 3 columns where the file has 2" in result.stderr
