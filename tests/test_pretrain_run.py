@@ -58,7 +58,7 @@ def test_outputs_and_hf_export(tmp_path, corpus, tokenizer_dir):
                  "pretrain_results.json"):
         assert (out / name).is_file(), name
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [2, 4, 6]
+    assert [r["step"] for r in rows] == [2, 3, 4, 6]  # every 2 steps, and at the evaluation at step 3
     for key in ("step", "epoch", "loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "tokens_per_s"):
         assert key in rows[0], key
     assert {"eval_mlm_loss", "eval_mlm_acc", "eval_nsp_acc", "eval_perplexity"} <= set(rows[-1])

@@ -143,6 +143,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
              and v is not None}
     given["task"] = args.task
     given.setdefault("progress", sys.stderr.isatty())
+    if args.task == "qa":
+        given.setdefault("seq_len", 384)  # SQuAD's usual window
     run_finetune(FinetuneConfig(**given))
     return 0
 
@@ -231,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="fine-tuned checkpoint directory")
     p.add_argument("--data", required=True, help="labelled file in the task's format")
     p.add_argument("--predictions", help="also write one JSON prediction per example to this file")
-    p.add_argument("--seq-len", type=int, default=512, help="maximum tokens per example (default 512)")
+    p.add_argument("--seq-len", type=int, default=None, help="maximum tokens per example (default 512; qa 384)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--text-column")
     p.add_argument("--pair-column")

@@ -23,12 +23,12 @@ from .data.classification import (Columns, check_labels, label_set, read_example
                                   truncate_ids)
 from .data.ner import align_labels, read_sentences
 from .errors import BertforgeError, InputError
-from .heads import BertForSequenceClassification, BertForTokenClassification
-from .tasks import ClassificationTask, TokenClassificationTask
+from .heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from .tasks import ClassificationTask, QuestionAnsweringTask, TokenClassificationTask
 from .tokenizer import Tokenizer
 from .train import TrainConfig, Trainer
 
-TASKS = ("classify", "regress", "ner")
+TASKS = ("classify", "regress", "ner", "qa")
 
 
 @dataclass
@@ -47,6 +47,11 @@ class FinetuneConfig(TrainConfig):
     label_column: str | None = None  # column of the label
     truncation: str = "head"  # long single texts: head | tail | head+tail
     seeds: str | None = None  # e.g. 1,2,3: one run per seed, reported as mean and std
+    doc_stride: int = 128  # qa: tokens of overlap between windows of a long context
+    n_best: int = 20  # qa: start and end candidates per window
+    max_answer_len: int = 30  # qa: longest answer, in tokens
+    null_threshold: float | None = None  # qa v2: answer "" when null score - best span score exceeds this
+    tune_null_threshold: bool = False  # qa v2: pick the threshold that maximises dev F1
     overwrite: bool = False
     epochs: float | None = 3.0
     lr: float = 2e-5
@@ -56,7 +61,7 @@ class FinetuneConfig(TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.task not in TASKS:
-            raise BertforgeError(f"unknown task {self.task!r}; use one of {', '.join(TASKS)} (qa: see its own issue)")
+            raise BertforgeError(f"unknown task {self.task!r}; use one of {', '.join(TASKS)}")
         for name in ("model", "train", "dev"):
             if not getattr(self, name):
                 raise BertforgeError(f"--{name} is required")
@@ -75,7 +80,7 @@ def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
 def _model(cfg: FinetuneConfig, cls: type, labels: list[str] | None, tokenizer: Tokenizer):
     """The model with a head for `labels`; a checkpoint's own label set must match the data's."""
     id2label = {i: name for i, name in enumerate(labels)} if labels else None
-    num_labels = len(labels) if labels else 1
+    num_labels = len(labels) if labels else (2 if cfg.task == "qa" else 1)
     problem = "regression" if cfg.task == "regress" else None
     if Path(cfg.model).is_dir():
         existing = BertConfig.from_json(Path(cfg.model) / "config.json")
@@ -123,6 +128,19 @@ def ner_features(sentences, tokenizer: Tokenizer, seq_len: int, label2id: dict[s
 
 def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
     """(model, task) for a config; `model` given means evaluate with it (labels from its config)."""
+    if cfg.task == "qa":
+        from .data.qa import qa_features, read_squad
+
+        train = read_squad(train_path)[0] if train_path else []
+        dev, raw = read_squad(dev_path)
+        if model is None:
+            model = _model(cfg, BertForQuestionAnswering, None, tokenizer)
+        train_features = qa_features(train, tokenizer, cfg.seq_len, cfg.doc_stride, training=True) if train else []
+        task = QuestionAnsweringTask(train_features, qa_features(dev, tokenizer, cfg.seq_len, cfg.doc_stride),
+                                     cfg.batch_size, cfg.seed, tokenizer.pad_token_id, examples=dev, raw=raw["data"],
+                                     n_best=cfg.n_best, max_answer_len=cfg.max_answer_len,
+                                     null_threshold=cfg.null_threshold, tune_null_threshold=cfg.tune_null_threshold)
+        return model, task
     if cfg.task == "ner":
         train = read_sentences(train_path) if train_path else None
         dev = read_sentences(dev_path)
@@ -225,13 +243,14 @@ def run_finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     return summary
 
 
-def run_evaluate(task: str, model_dir: str, data: str, seq_len: int = 512, batch_size: int = 32,
+def run_evaluate(task: str, model_dir: str, data: str, seq_len: int | None = None, batch_size: int = 32,
                  columns: Columns | None = None, predictions: str | None = None) -> dict[str, Any]:
     """Metrics of a fine-tuned checkpoint on a labelled file (and its predictions, one JSON per line)."""
-    cls = BertForTokenClassification if task == "ner" else BertForSequenceClassification
+    cls = {"ner": BertForTokenClassification, "qa": BertForQuestionAnswering}.get(task, BertForSequenceClassification)
     model = cls.from_pretrained(model_dir)
     tokenizer = Tokenizer.from_pretrained(model_dir)
     columns = columns or Columns()
+    seq_len = 384 if task == "qa" and seq_len is None else (seq_len or 512)
     cfg = FinetuneConfig(task=task, model=model_dir, train="-", dev=data, seq_len=min(seq_len, model.config.max_position_embeddings),
                          batch_size=batch_size, text_column=columns.text, pair_column=columns.pair,
                          label_column=columns.label, progress=False)
@@ -240,7 +259,9 @@ def run_evaluate(task: str, model_dir: str, data: str, seq_len: int = 512, batch
     model, scorer = build(cfg, tokenizer, "", data, model=model)
     model.eval()
     metrics = scorer.evaluate(model)
-    if predictions:
+    if predictions and task == "qa":  # the official format: question id -> answer text
+        Path(predictions).write_text(json.dumps(scorer.answers(model)[0]) + "\n", encoding="utf-8")
+    elif predictions:
         if task == "ner":
             rows = [{"tags": t} for t in scorer.word_tags(model, scorer.dev)]
         else:

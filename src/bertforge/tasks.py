@@ -130,3 +130,49 @@ class TokenClassificationTask(FeatureTask):
         per_type = result.pop("per_type")
         result.update({f"{name}_f1": v["f1"] for name, v in per_type.items()})
         return result
+
+
+class QuestionAnsweringTask(FeatureTask):
+    """Extractive QA: start/end logits per window, answers merged across windows, SQuAD EM/F1."""
+
+    main_metric = "f1"
+
+    def __init__(self, *args, examples: list, raw: list[dict], n_best: int = 20, max_answer_len: int = 30,
+                 null_threshold: float | None = None, tune_null_threshold: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.examples, self.raw = examples, raw
+        self.n_best, self.max_answer_len = n_best, max_answer_len
+        self.null_threshold, self.tune = null_threshold, tune_null_threshold
+        self.has_impossible = any(e.impossible for e in examples)
+
+    def answers(self, model, features: list[dict] | None = None,
+                use_null: bool = True) -> tuple[dict[str, str], dict[str, float]]:
+        """(question id -> answer, question id -> null-minus-best-span margin) over all windows."""
+        from .data.qa import best_answers
+
+        features = features if features is not None else self.dev
+
+        def take(out, batch):
+            lengths = batch["attention_mask"].sum(1).tolist()
+            s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+            return [(s[i, :n], e[i, :n]) for i, n in enumerate(lengths)]
+
+        logits = self.predict(model, features, take)
+        threshold = None
+        if use_null and self.has_impossible:
+            threshold = self.null_threshold if self.null_threshold is not None else 0.0
+        return best_answers(self.examples, features, [x[0] for x in logits], [x[1] for x in logits],
+                            self.n_best, self.max_answer_len, threshold)
+
+    def evaluate(self, model) -> dict[str, float]:
+        from .metrics import squad_metrics
+
+        if self.has_impossible and self.tune:
+            # Score every question with its best span, and let the v2 threshold search pick the cut.
+            spans, margins = self.answers(model, use_null=False)
+            result = squad_metrics(self.raw, spans, margins)
+            self.null_threshold = result.get("best_f1_thresh", 0.0)
+            result.update(squad_metrics(self.raw, spans, margins, threshold=self.null_threshold))
+            result["null_threshold"] = self.null_threshold
+            return result
+        return squad_metrics(self.raw, self.answers(model)[0])

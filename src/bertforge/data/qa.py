@@ -1,0 +1,141 @@
+"""Extractive QA (SQuAD v1.1 / v2.0): examples, windowed features, and answer post-processing.
+
+Features: `[CLS] question [SEP] context-window [SEP]`, at most `max_seq_len` (384) tokens;
+a long context becomes several windows overlapping by `doc_stride` (128) tokens (the
+tokenizers library's stride, as transformers' run_qa.py uses it). Offsets map every
+context token back to characters of the original context.
+
+Training positions: the answer's first and last token when the whole answer lies inside
+the window; otherwise, and for impossible (v2) questions, both point at [CLS] (index 0).
+
+Post-processing, per example over all its windows: the `n_best` (20) highest start and end
+logits, pairs that are inside the context, ordered, and at most `max_answer_len` (30)
+tokens long, scored by start + end logit; the answer text is cut from the original
+context by character offsets. For v2, "no answer" wins when the [CLS] score beats the best
+span by more than `null_threshold`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..tokenizer import Tokenizer
+
+log = logging.getLogger("bertforge")
+
+
+@dataclass
+class QAExample:
+    id: str
+    question: str
+    context: str
+    answers: list[dict] = field(default_factory=list)  # {"text", "answer_start"}
+    impossible: bool = False
+
+
+def read_squad(path: str | Path, check_answers: bool = True) -> tuple[list[QAExample], dict]:
+    """Examples of a SQuAD JSON file, and the raw `data` (for scoring). Answers whose answer_start
+    does not point at their text are counted, logged and dropped (their question is kept for scoring)."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
+        raise InputError(f"{path}: not a SQuAD file (no 'data' list)")
+    examples, bad = [], 0
+    for a, article in enumerate(raw["data"]):
+        for p, paragraph in enumerate(article.get("paragraphs", [])):
+            context = paragraph.get("context")
+            if not isinstance(context, str):
+                raise InputError(f"{path}: data[{a}].paragraphs[{p}] has no context")
+            for qa in paragraph.get("qas", []):
+                answers = []
+                for answer in qa.get("answers", []):
+                    start, text = answer.get("answer_start"), answer.get("text", "")
+                    if check_answers and (not isinstance(start, int) or context[start:start + len(text)] != text):
+                        bad += 1
+                        continue
+                    answers.append({"text": text, "answer_start": start})
+                examples.append(QAExample(str(qa["id"]), qa["question"], context, answers,
+                                          bool(qa.get("is_impossible", False))))
+    if bad:
+        log.warning("%s: %d answer(s) whose answer_start does not match the context text were skipped", path, bad)
+    if not examples:
+        raise InputError(f"{path}: no questions")
+    return examples, raw
+
+
+def qa_features(examples: list[QAExample], tokenizer: Tokenizer, max_seq_len: int = 384, doc_stride: int = 128,
+                training: bool = False) -> list[dict]:
+    """One feature per window: input_ids, token_type_ids, example index, context offsets, and
+    (training) start/end positions. Offsets are None outside the context."""
+    enc = tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
+                    truncation="only_second", max_length=max_seq_len, stride=doc_stride,
+                    return_overflowing_tokens=True, return_offsets_mapping=True)
+    features = []
+    for row, example_index in enumerate(enc["overflow_to_sample_mapping"]):
+        sequence_ids = enc.sequence_ids(row)
+        offsets = [o if s == 1 else None for o, s in zip(enc["offset_mapping"][row], sequence_ids)]
+        feature = {"input_ids": enc["input_ids"][row], "token_type_ids": enc["token_type_ids"][row],
+                   "example": example_index, "offsets": offsets}
+        if training:
+            feature["start_positions"], feature["end_positions"] = answer_span(examples[example_index], offsets)
+        features.append(feature)
+    return features
+
+
+def answer_span(example: QAExample, offsets: list) -> tuple[int, int]:
+    """Token positions of the first answer inside this window, or (0, 0) for [CLS]."""
+    if example.impossible or not example.answers:
+        return 0, 0
+    start_char = example.answers[0]["answer_start"]
+    end_char = start_char + len(example.answers[0]["text"])
+    inside = [i for i, o in enumerate(offsets) if o is not None]
+    if not inside or offsets[inside[0]][0] > start_char or offsets[inside[-1]][1] < end_char:
+        return 0, 0  # the answer is not (wholly) in this window
+    start = next(i for i in inside if offsets[i][1] > start_char)
+    end = next(i for i in reversed(inside) if offsets[i][0] < end_char)
+    return start, end
+
+
+def best_answers(examples: list[QAExample], features: list[dict], start_logits: list[np.ndarray],
+                 end_logits: list[np.ndarray], n_best: int = 20, max_answer_len: int = 30,
+                 null_threshold: float | None = None) -> tuple[dict[str, str], dict[str, float]]:
+    """(question id -> answer text, question id -> null score minus best span score).
+
+    With `null_threshold` (v2), the answer is "" when null - best > threshold.
+    """
+    by_example: dict[int, list[int]] = {}
+    for i, f in enumerate(features):
+        by_example.setdefault(f["example"], []).append(i)
+    answers, null_margin = {}, {}
+    for e_index, example in enumerate(examples):
+        best_text, best_score, null_score = "", -np.inf, np.inf
+        for i in by_example.get(e_index, []):
+            starts, ends, offsets = start_logits[i], end_logits[i], features[i]["offsets"]
+            null_score = min(null_score, float(starts[0] + ends[0]))
+            top_starts = np.argsort(starts)[::-1][:n_best]
+            top_ends = np.argsort(ends)[::-1][:n_best]
+            for s in top_starts:
+                if s >= len(offsets) or offsets[s] is None:
+                    continue
+                for e in top_ends:
+                    if e >= len(offsets) or offsets[e] is None or e < s or e - s + 1 > max_answer_len:
+                        continue
+                    score = float(starts[s] + ends[e])
+                    if score > best_score:
+                        best_score = score
+                        best_text = example.context[offsets[s][0]:offsets[e][1]]
+        margin = null_score - best_score if np.isfinite(best_score) else np.inf
+        null_margin[example.id] = float(margin)
+        answers[example.id] = "" if (null_threshold is not None and margin > null_threshold) else best_text
+    return answers, null_margin

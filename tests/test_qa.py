@@ -1,0 +1,96 @@
+"""Extractive QA: the span mapping round trip on SQuAD dev, post-processing, bad answers, and a short run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertforge import BertConfig, BertModel, Tokenizer
+from bertforge.data.qa import QAExample, best_answers, qa_features, read_squad
+
+from conftest import shared
+
+
+def test_span_round_trip_on_squad_dev(minilm_dir):
+    """gold answer text -> token span -> text recovers the answer for >= 99% of in-window answers."""
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    examples, _ = read_squad(shared("squad", "dev-v1.1.json"))
+    assert len(examples) == 10570
+    features = qa_features(examples, tok, 384, 128, training=True)
+    assert len(features) > len(examples)  # long contexts really produce several windows
+    inside = recovered = 0
+    found = set()
+    for f in features:
+        if f["start_positions"] == 0:
+            continue
+        inside += 1
+        example = examples[f["example"]]
+        text = example.context[f["offsets"][f["start_positions"]][0]:f["offsets"][f["end_positions"]][1]]
+        recovered += text == example.answers[0]["text"]
+        found.add(f["example"])
+    assert inside > 10000 and recovered / inside >= 0.99, recovered / inside
+    assert len(found) / len(examples) > 0.99  # almost every answer lies wholly inside some window
+
+
+def test_best_answer_across_windows_and_null():
+    context = "The cat sat on the mat near the door."
+    example = QAExample("q", "where?", context, [{"text": "the mat", "answer_start": 15}])
+    # Tokens: [CLS] where ? [SEP] the cat sat on the mat near the door . [SEP]; offsets for context tokens only.
+    words = [(0, 3), (4, 7), (8, 11), (12, 14), (15, 18), (19, 22), (23, 27), (28, 31), (32, 36), (36, 37)]
+    offsets = [None] * 4 + words + [None]
+    start, end = np.zeros(15), np.zeros(15)
+    start[8], end[9] = 5.0, 5.0  # "the mat": score 10
+    start[5], end[13] = 2.0, 0.5  # "cat ... door.": score 2.5
+    start[12], end[4] = 9.0, 9.0  # the two highest logits, but end (4) before start (12): invalid
+    feature = {"example": 0, "offsets": offsets}
+    answers, margins = best_answers([example], [feature], [start], [end])
+    assert answers == {"q": "the mat"}
+    short, _ = best_answers([example], [feature], [start], [end], max_answer_len=1)
+    assert short == {"q": "door"}  # token 12 alone: 9 + 0
+    start[0], end[0] = 20.0, 20.0  # [CLS] much more likely: v2 says no answer
+    v2, margins = best_answers([example], [feature], [start], [end], null_threshold=0.0)
+    assert v2 == {"q": ""} and margins["q"] == pytest.approx(40 - 10)
+
+
+def test_bad_answer_start_is_warned_counted_and_skipped(tmp_path, caplog):
+    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
+        {"id": "1", "question": "Where?", "answers": [{"text": "France", "answer_start": 12}]},
+        {"id": "2", "question": "What?", "answers": [{"text": "Paris", "answer_start": 3}]}]}]}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="bertforge"):
+        examples, _ = read_squad(path)
+    assert "1 answer(s) whose answer_start does not match" in caplog.text
+    assert [len(e.answers) for e in examples] == [1, 0]
+
+
+def test_finetune_qa_end_to_end(tmp_path, minilm_dir):
+    dev = json.loads(shared("squad", "dev-v1.1.json").read_text(encoding="utf-8"))
+    small = lambda articles: {"version": "1.1", "data": [  # noqa: E731
+        {"title": a["title"], "paragraphs": a["paragraphs"][:3]} for a in articles]}
+    (tmp_path / "train.json").write_text(json.dumps(small(dev["data"][:2])))
+    (tmp_path / "dev.json").write_text(json.dumps(small(dev["data"][47:48])))
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    BertModel(BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size)).save_pretrained(tmp_path / "tiny", tokenizer=tok)
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "bertforge", *a], capture_output=True, text=True,  # noqa: E731
+                                    env=env, timeout=600)
+    out = tmp_path / "out"
+    result = run("finetune", "qa", "--model", str(tmp_path / "tiny"), "--train", str(tmp_path / "train.json"),
+                 "--dev", str(tmp_path / "dev.json"), "--out", str(out), "--epochs", "1", "--batch-size", "8",
+                 "--seq-len", "192", "--doc-stride", "64")
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "eval_results.json").read_text())
+    assert {"exact_match", "f1"} <= set(results) and 0 <= results["f1"] <= 100
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
+    evaluated = run("evaluate", "qa", "--model", str(out), "--data", str(tmp_path / "dev.json"), "--seq-len", "192",
+                    "--predictions", str(tmp_path / "pred.json"))
+    assert evaluated.returncode == 0, evaluated.stderr
+    scored = run("score", "squad", str(tmp_path / "dev.json"), str(tmp_path / "pred.json"))
+    assert json.loads(scored.stdout)["f1"] == pytest.approx(json.loads(evaluated.stdout)["f1"])
