@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .data.io import read_text
 from .data.ner import read_conll, to_iob2
 from .errors import InputError
 from .metrics import classification_metrics, entity_metrics, squad_metrics
@@ -12,10 +13,8 @@ from .metrics import classification_metrics, entity_metrics, squad_metrics
 
 def _json(path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
 
 
@@ -44,12 +43,7 @@ def score_ner(gold_file: str | Path, pred_file: str | Path) -> dict:
 
 
 def _labels(path: Path) -> list[str]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 at byte {exc.start}") from None
+    lines = read_text(path).splitlines()
     labels = [line.split("\t")[-1].strip() for line in lines if line.strip()]
     if labels and labels[0] == "label":  # a header
         labels = labels[1:]

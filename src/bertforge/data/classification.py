@@ -8,11 +8,11 @@ or chosen by name or 0-based index. Every row must have the header's number of f
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from .io import jsonl_records, read_text
 
 TEXT_COLUMNS = ("sentence", "sentence1", "#1 String", "question1", "question", "text", "premise")
 PAIR_COLUMNS = ("sentence2", "#2 String", "question2", "text_pair", "hypothesis")
@@ -53,17 +53,6 @@ def _pick(header: list[str], wanted: str | None, defaults: tuple[str, ...], what
     return None
 
 
-def _read_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        return raw.decode("utf-8-sig")  # MRPC's files start with a byte-order mark
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 at byte {exc.start}") from None
-
-
 def read_examples(path: str | Path, columns: Columns | None = None, labelled: bool = True) -> list[Example]:
     """Examples of a .tsv, .csv or .jsonl file (by extension)."""
     path = Path(path)
@@ -71,7 +60,7 @@ def read_examples(path: str | Path, columns: Columns | None = None, labelled: bo
     if path.suffix in (".jsonl", ".json"):
         examples = _read_jsonl(path, columns, labelled)
     else:
-        text = _read_text(path)
+        text = read_text(path)
         if path.suffix == ".csv":
             rows = list(csv.reader(text.splitlines()))
         else:
@@ -100,15 +89,7 @@ def read_examples(path: str | Path, columns: Columns | None = None, labelled: bo
 def _read_jsonl(path: Path, columns: Columns, labelled: bool) -> list[Example]:
     text_key, pair_key, label_key = columns.text or "text", columns.pair or "text_pair", columns.label or "label"
     examples = []
-    for number, line in enumerate(_read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-            raise InputError(f"{path}:{number}: no string field '{text_key}'")
+    for number, record in jsonl_records(path, enumerate(read_text(path).splitlines(), 1), text_key):
         if labelled and label_key not in record:
             raise InputError(f"{path}:{number}: no field '{label_key}'")
         label = record.get(label_key)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import glob
 import gzip
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from .io import jsonl_records
 
 _BINARY_SNIFF = 8192
 
@@ -116,15 +116,7 @@ def _text_documents(path: Path, options: CorpusOptions) -> Iterator[str]:
 
 
 def _jsonl_documents(path: Path, options: CorpusOptions) -> Iterator[str]:
-    for number, line in _lines(path, options.encoding_errors):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get(options.text_field), str):
-            raise InputError(f"{path}:{number}: no string field '{options.text_field}'")
+    for _, record in jsonl_records(path, _lines(path, options.encoding_errors), options.text_field):
         yield record[options.text_field]
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from .io import read_text
 
 
 @dataclass
@@ -20,17 +21,6 @@ class Sentence:
     tokens: list[str]
     tags: list[str]
     line: int  # where it starts in its file, for messages
-
-
-def _text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 at byte {exc.start}") from None
 
 
 def read_conll(path: str | Path) -> list[Sentence]:
@@ -41,7 +31,7 @@ def read_conll(path: str | Path) -> list[Sentence]:
     tags: list[str] = []
     columns = None
     start = 1
-    for number, line in enumerate(_text(path).splitlines(), 1):
+    for number, line in enumerate(read_text(path).splitlines(), 1):
         parts = line.split()
         if not parts or parts[0] == "-DOCSTART-":
             if tokens:
@@ -68,7 +58,7 @@ def read_conll(path: str | Path) -> list[Sentence]:
 def read_jsonl(path: str | Path) -> list[Sentence]:
     path = Path(path)
     sentences = []
-    for number, line in enumerate(_text(path).splitlines(), 1):
+    for number, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:

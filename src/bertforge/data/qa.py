@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from .io import read_text
 from ..tokenizer import Tokenizer
 
 log = logging.getLogger("bertforge")
@@ -44,10 +45,8 @@ def read_squad(path: str | Path, check_answers: bool = True) -> tuple[list[QAExa
     does not point at their text are counted, logged and dropped (their question is kept for scoring)."""
     path = Path(path)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raw = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
         raise InputError(f"{path}: not a SQuAD file (no 'data' list)")

