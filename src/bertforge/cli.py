@@ -160,6 +160,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .pipelines import read_inputs
+    from .predict import run_predict
+
+    stdin = None if args.texts or args.input else sys.stdin.read().splitlines()
+    inputs = read_inputs(args.texts, args.input, stdin)
+    against = read_inputs([], args.against) if args.against else None
+    for row in run_predict(args.task, args.model, inputs, top_k=args.top_k,
+                           targets=args.targets.split(",") if args.targets else None, joint=args.joint,
+                           aggregation=args.aggregation, pooling=args.pooling,
+                           normalize=True if args.normalize else None, against=against,
+                           batch_size=args.batch_size, null_threshold=args.null_threshold,
+                           progress=bool(args.input) and sys.stderr.isatty()):
+        print(json.dumps(row, ensure_ascii=False), flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertforge",
@@ -240,6 +257,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column")
     p.set_defaults(func=cmd_evaluate)
 
+    from .predict import TASKS as PREDICT_TASKS
+
+    p = sub.add_parser("predict", help="run a model on texts: fill-mask, classify, ner, qa, embed, similarity",
+                       description="Run a model on texts given as arguments, a file (--input; one per line, or JSONL "
+                                   "objects such as {\"text\": ..., \"text_pair\": ...} or {\"question\": ..., "
+                                   "\"context\": ...}) or stdin, and print one JSON object per input.")
+    p.add_argument("task", choices=PREDICT_TASKS)
+    p.add_argument("texts", nargs="*", help="input texts (else --input or stdin)")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--input", help="file of inputs, one per line or JSONL")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--top-k", type=int, default=5, help="fill-mask predictions per mask; similarity matches")
+    p.add_argument("--targets", help="fill-mask: comma-separated words to score instead of the top-k")
+    p.add_argument("--joint", action="store_true", help="fill-mask: fill all masks, most confident first")
+    p.add_argument("--aggregation", default="first", choices=["first", "average", "max"],
+                   help="ner: how sub-token scores become word labels")
+    p.add_argument("--pooling", choices=["mean", "cls", "max", "pooler"],
+                   help="embed/similarity pooling (default: the sentence-transformers setting, else mean)")
+    p.add_argument("--normalize", action="store_true", help="embed: L2-normalise the vectors")
+    p.add_argument("--against", help="similarity: file of candidates; print the --top-k matches of each input")
+    p.add_argument("--null-threshold", type=float, help="qa (SQuAD v2 models): answer '' above this null margin")
+    p.set_defaults(func=cmd_predict)
+
     scoring = sub.add_parser("score", help="score prediction files with the official metrics",
                              description="Score predictions you already have.").add_subparsers(
         dest="score_command", metavar="TASK")
@@ -276,7 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "command", None) == "predict" and not any(e.startswith("-") for e in extra):
+        args.texts = [*args.texts, *extra]  # texts may come after the options: predict TASK --model M TEXT...
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="bertforge: %(levelname)s: %(message)s")
     func = getattr(args, "func", None)

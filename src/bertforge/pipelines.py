@@ -1,7 +1,18 @@
-"""Using a model on text: fill-mask (more pipelines arrive with the inference issue)."""
+"""Using a model on text: fill-mask, classify, NER, QA, embeddings and similarity.
+
+Every pipeline batches by length: inputs are sorted by token count, each batch is padded
+only to its own longest row (and unpadded inside the model), and results come back in
+input order. Outputs are plain dicts and lists, ready to print as JSON lines.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import torch
 
 from .errors import InputError
@@ -9,33 +20,332 @@ from .heads import BertForMaskedLM, BertForPreTraining
 from .tokenizer import Tokenizer
 
 
+def length_batches(lengths: list[int], batch_size: int) -> Iterator[list[int]]:
+    """Indices grouped into batches of similar length (longest first, so memory peaks early)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    for start in range(0, len(order), batch_size):
+        yield order[start:start + batch_size]
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _run_sorted(texts: list, tokenizer: Tokenizer, max_length: int, batch_size: int,
+                step: Callable[[dict, list[int]], list], pairs: list | None = None,
+                progress: bool = False) -> list:
+    """Tokenise, batch by length, call `step(batch, rows)` -> one result per row; return in input order."""
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
+    lengths = [len(ids) for ids in enc["input_ids"]]
+    results: list = [None] * len(texts)
+    batches = list(length_batches(lengths, batch_size))
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, desc="predict", unit="batch")
+    for rows in batches:
+        T = max(lengths[i] for i in rows)
+        ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
+        types = torch.zeros((len(rows), T), dtype=torch.long)
+        mask = torch.zeros((len(rows), T), dtype=torch.long)
+        for j, i in enumerate(rows):
+            n = lengths[i]
+            ids[j, :n] = torch.tensor(enc["input_ids"][i])
+            types[j, :n] = torch.tensor(enc["token_type_ids"][i])
+            mask[j, :n] = 1
+        for i, value in zip(rows, step({"input_ids": ids, "token_type_ids": types, "attention_mask": mask}, rows)):
+            results[i] = value
+    return results
+
+
+# ----------------------------------------------------------------------------- fill-mask
 @torch.no_grad()
 def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer, texts: list[str],
-              top_k: int = 5) -> list[list[list[dict]]]:
+              top_k: int = 5, targets: list[str] | None = None, batch_size: int = 32) -> list[list[list[dict]]]:
     """For each text, for each [MASK] in it, the top-k predictions.
 
     Each prediction is `{"token": id, "token_str": str, "score": probability}`, as the
-    transformers fill-mask pipeline gives them. Returns [text][mask][k].
+    transformers fill-mask pipeline gives them. With `targets`, only those words are scored
+    (each must be a single WordPiece). Returns [text][mask][k].
     """
     if not texts:
         return []
-    enc = tokenizer(texts, padding=True, truncation=True, max_length=model.config.max_position_embeddings,
-                    return_tensors="pt")
     mask_id = tokenizer.mask_token_id
+    target_ids = None
+    if targets:
+        target_ids = []
+        for word in targets:
+            pieces = tokenizer.tokenize(word)
+            if len(pieces) != 1:
+                raise InputError(f"target {word!r} is not a single token of this vocabulary ({' '.join(pieces)})")
+            target_ids.append(tokenizer.token_to_id(pieces[0]))
     for i, text in enumerate(texts):
-        if not bool((enc["input_ids"][i] == mask_id).any()):
+        if mask_id not in tokenizer.encode(text):
             raise InputError(f"input {i + 1} has no [MASK] token: {text[:60]!r}")
-    was_training = model.training
     model.eval()
-    hidden = model.bert(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"]).last_hidden_state
-    model.train(was_training)
-    at_masks = enc["input_ids"] == mask_id  # (B, T)
-    # Project only the masked positions onto the vocabulary.
-    probs = model.mlm(hidden[at_masks], model.bert.embeddings.word.weight).softmax(-1)  # (N, V)
-    scores, ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-    rows = at_masks.nonzero()[:, 0].tolist()
-    results: list[list[list[dict]]] = [[] for _ in texts]
-    for row, s, t in zip(rows, scores.tolist(), ids.tolist()):
-        results[row].append([{"token": tok, "token_str": tokenizer.id_to_token(tok), "score": sc}
-                             for sc, tok in zip(s, t)])
+    weight = model.bert.embeddings.word.weight
+
+    def step(batch, rows):
+        batch = {k: v.to(_device(model)) for k, v in batch.items()}
+        hidden = model.bert(**batch).last_hidden_state
+        at_masks = batch["input_ids"] == mask_id
+        probs = model.mlm(hidden[at_masks], weight).float().softmax(-1)  # only the masked positions
+        if target_ids is not None:
+            ids = torch.tensor(target_ids, device=probs.device).expand(probs.shape[0], -1)
+            scores = probs.gather(1, ids)
+            scores, order = scores.sort(dim=-1, descending=True)
+            ids = ids.gather(1, order)
+        else:
+            scores, ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+        per_row: list[list] = [[] for _ in rows]
+        for row, s, t in zip(at_masks.nonzero()[:, 0].tolist(), scores.tolist(), ids.tolist()):
+            per_row[row].append([{"token": tok, "token_str": tokenizer.id_to_token(tok), "score": sc}
+                                 for sc, tok in zip(s, t)])
+        return per_row
+
+    return _run_sorted(texts, tokenizer, model.config.max_position_embeddings, batch_size, step)
+
+
+@torch.no_grad()
+def fill_mask_joint(model, tokenizer: Tokenizer, text: str) -> dict:
+    """Fill every [MASK] of one text, most confident first: predict all, fix the surest, repeat."""
+    ids = torch.tensor([tokenizer.encode(text)])
+    if not bool((ids == tokenizer.mask_token_id).any()):
+        raise InputError(f"no [MASK] token in {text[:60]!r}")
+    model.eval()
+    filled = []
+    while True:
+        at = (ids[0] == tokenizer.mask_token_id).nonzero()[:, 0]
+        if len(at) == 0:
+            break
+        hidden = model.bert(ids.to(_device(model))).last_hidden_state[0, at]
+        probs = model.mlm(hidden, model.bert.embeddings.word.weight).float().softmax(-1)
+        best, token = probs.max(-1)
+        k = int(best.argmax())
+        ids[0, at[k]] = int(token[k])
+        filled.append({"position": int(at[k]), "token": int(token[k]),
+                       "token_str": tokenizer.id_to_token(int(token[k])), "score": float(best[k])})
+    return {"sequence": tokenizer.decode(ids[0].tolist()), "filled": filled}
+
+
+# ----------------------------------------------------------------------------- classify
+@torch.no_grad()
+def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | None = None,
+             batch_size: int = 32) -> list[dict]:
+    """Label and scores per text: softmax, sigmoid for multi-label, the value for regression."""
+    model.eval()
+    config = model.config
+    kind = model.problem_type()
+    names = [config.id2label[i] for i in range(config.num_labels)] if config.id2label else [
+        f"LABEL_{i}" for i in range(config.num_labels)]
+
+    def step(batch, rows):
+        logits = model(**{k: v.to(_device(model)) for k, v in batch.items()}).logits.float()
+        out = []
+        for row in logits:
+            if kind == "regression":
+                out.append({"value": float(row[0])})
+                continue
+            probs = torch.sigmoid(row) if kind == "multi_label_classification" else row.softmax(-1)
+            scores = {names[i]: float(p) for i, p in enumerate(probs)}
+            if kind == "multi_label_classification":
+                out.append({"labels": [n for n, p in scores.items() if p >= 0.5], "scores": scores})
+            else:
+                best = int(probs.argmax())
+                out.append({"label": names[best], "score": float(probs[best]), "scores": scores})
+        return out
+
+    return _run_sorted(texts, tokenizer, config.max_position_embeddings, batch_size, step, pairs=pairs)
+
+
+# ----------------------------------------------------------------------------- embeddings
+def sentence_transformers_settings(model_dir: str | Path) -> dict | None:
+    """Pooling, normalisation and max length of a sentence-transformers directory
+    (modules.json, 1_Pooling/config.json, sentence_bert_config.json), or None for a plain checkpoint."""
+    model_dir = Path(model_dir)
+    modules_file = model_dir / "modules.json"
+    if not modules_file.is_file():
+        return None
+    settings: dict = {"pooling": "mean", "normalize": False, "max_length": None}
+    for module in json.loads(modules_file.read_text(encoding="utf-8")):
+        kind = module.get("type", "")
+        if kind.endswith("Pooling"):
+            cfg = json.loads((model_dir / module["path"] / "config.json").read_text(encoding="utf-8"))
+            if cfg.get("pooling_mode_cls_token"):
+                settings["pooling"] = "cls"
+            elif cfg.get("pooling_mode_max_tokens"):
+                settings["pooling"] = "max"
+        if kind.endswith("Normalize"):
+            settings["normalize"] = True
+    bert_config = model_dir / "sentence_bert_config.json"
+    if bert_config.is_file():
+        settings["max_length"] = json.loads(bert_config.read_text(encoding="utf-8")).get("max_seq_length")
+    return settings
+
+
+@torch.no_grad()
+def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", normalize: bool = False,
+          batch_size: int = 32, max_length: int | None = None, progress: bool = False) -> np.ndarray:
+    """Sentence vectors, float32 [len(texts), H]: mean over real tokens, [CLS], max, or the pooler."""
+    if pooling not in ("mean", "cls", "pooler", "max"):
+        raise InputError(f"unknown pooling {pooling!r} (mean, cls, max or pooler)")
+    backbone = getattr(model, "bert", model)
+    backbone.eval()
+    if pooling == "pooler" and backbone.pooler is None:
+        raise InputError("this model has no pooler; use --pooling mean or cls")
+    max_length = max_length or tokenizer.model_max_length
+
+    def step(batch, rows):
+        batch = {k: v.to(_device(backbone)) for k, v in batch.items()}
+        out = backbone(**batch)
+        h = out.last_hidden_state.float()
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        if pooling == "mean":
+            v = (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        elif pooling == "max":
+            v = h.masked_fill(mask == 0, -1e9).max(1).values
+        elif pooling == "cls":
+            v = h[:, 0]
+        else:
+            v = out.pooler_output.float()
+        if normalize:
+            v = torch.nn.functional.normalize(v, p=2, dim=-1)
+        return list(v.cpu().numpy())
+
+    vectors = _run_sorted(texts, tokenizer, min(max_length, backbone.config.max_position_embeddings), batch_size,
+                          step, progress=progress)
+    return np.stack(vectors) if vectors else np.zeros((0, backbone.config.hidden_size), dtype=np.float32)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=-1, keepdims=True).clip(1e-12)
+    b = b / np.linalg.norm(b, axis=-1, keepdims=True).clip(1e-12)
+    return a @ b.T
+
+
+def read_inputs(texts: list[str], input_file: str | None, stdin_lines: list[str] | None = None) -> list[Any]:
+    """Inputs from arguments, a file (one per line, or JSONL objects), or stdin lines."""
+    if texts:
+        return list(texts)
+    if input_file:
+        from .data.io import read_text
+
+        lines = read_text(input_file).splitlines()
+        source = input_file
+    else:
+        lines, source = stdin_lines or [], "<stdin>"
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            raise InputError(f"{source}:{number}: empty line; give one input per line")
+        if line.lstrip().startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{source}:{number}: not valid JSON ({exc.msg})") from None
+        else:
+            out.append(line)
+    if not out:
+        raise InputError(f"{source}: no inputs")
+    return out
+
+
+# ----------------------------------------------------------------------------- NER
+@torch.no_grad()
+def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first", stride: int = 64,
+        max_length: int | None = None) -> list[list[dict]]:
+    """Entities per text with character offsets: `{"entity_group", "score", "word", "start", "end"}`.
+
+    Long texts are cut into overlapping windows (`stride` tokens of overlap) whose token
+    probabilities are averaged where they overlap. Sub-token probabilities become word
+    labels by `aggregation`: the first sub-token, the average, or the most confident one.
+    """
+    if aggregation not in ("first", "average", "max"):
+        raise InputError(f"unknown aggregation {aggregation!r} (first, average or max)")
+    model.eval()
+    names = model.config.id2label
+    max_length = min(max_length or model.config.max_position_embeddings, model.config.max_position_embeddings)
+    results = []
+    for text in texts:
+        enc = tokenizer(text, truncation=True, max_length=max_length, stride=stride, return_overflowing_tokens=True,
+                        return_offsets_mapping=True)
+        token_probs: dict[tuple[int, int], list] = {}
+        token_word: dict[tuple[int, int], int] = {}
+        for w in range(len(enc["input_ids"])):
+            ids = torch.tensor([enc["input_ids"][w]], device=_device(model))
+            probs = model(ids).logits[0].float().softmax(-1).cpu()
+            for t, (span, word) in enumerate(zip(enc["offset_mapping"][w], enc.word_ids(w))):
+                if word is None:
+                    continue
+                token_probs.setdefault(tuple(span), []).append(probs[t])
+                token_word[tuple(span)] = word
+        words: dict[int, list] = {}
+        for span in sorted(token_probs):
+            words.setdefault(token_word[span], []).append((span, torch.stack(token_probs[span]).mean(0)))
+        tagged = []
+        for word in sorted(words):
+            pieces = words[word]
+            if aggregation == "first":
+                p = pieces[0][1]
+            elif aggregation == "average":
+                p = torch.stack([x[1] for x in pieces]).mean(0)
+            else:
+                p = max((x[1] for x in pieces), key=lambda q: float(q.max()))
+            label = names[int(p.argmax())]
+            tagged.append((label, float(p.max()), pieces[0][0][0], pieces[-1][0][1]))
+        results.append(_group_entities(tagged, text))
     return results
+
+
+def _group_entities(tagged: list[tuple[str, float, int, int]], text: str) -> list[dict]:
+    """IOB2 word labels -> entity spans (B- opens, I- of the same type continues)."""
+    entities: list[dict] = []
+    current = None
+    for label, score, start, end in tagged:
+        prefix, _, kind = label.partition("-")
+        if label == "O" or not kind:
+            current = None
+            continue
+        if prefix == "I" and current is not None and current["entity_group"] == kind:
+            current["end"] = end
+            current["_scores"].append(score)
+        else:
+            current = {"entity_group": kind, "start": start, "end": end, "_scores": [score]}
+            entities.append(current)
+    for e in entities:
+        scores = e.pop("_scores")
+        e["score"] = sum(scores) / len(scores)
+        e["word"] = text[e["start"]:e["end"]]
+    return entities
+
+
+# ----------------------------------------------------------------------------- QA
+@torch.no_grad()
+def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384, stride: int = 128,
+           n_best: int = 20, max_answer_len: int = 30, null_threshold: float | None = None,
+           batch_size: int = 16) -> list[dict]:
+    """`{"question", "context"}` items -> `{"answer", "score", "start", "end"}` (character offsets into
+    the context). Contexts of any length are windowed; candidates are merged across windows.
+    With `null_threshold` (SQuAD v2 models) the answer is "" when no-answer wins by more than it."""
+    from .data.qa import QAExample, best_answers, qa_features
+
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not item.get("question") or not item.get("context"):
+            raise InputError(f"item {i + 1}: needs a non-empty 'question' and 'context'")
+    examples = [QAExample(str(i), it["question"], it["context"]) for i, it in enumerate(items)]
+    features = qa_features(examples, tokenizer, min(max_length, model.config.max_position_embeddings), stride)
+    model.eval()
+    starts, ends = [None] * len(features), [None] * len(features)
+    for rows in length_batches([len(f["input_ids"]) for f in features], batch_size):
+        from .tasks import collate
+
+        batch = collate([features[i] for i in rows], tokenizer.pad_token_id)
+        out = model(**{k: v.to(_device(model)) for k, v in batch.items()})
+        for j, i in enumerate(rows):
+            n = len(features[i]["input_ids"])
+            starts[i] = out.start_logits[j, :n].float().cpu().numpy()
+            ends[i] = out.end_logits[j, :n].float().cpu().numpy()
+    details: dict = {}
+    answers, margins = best_answers(examples, features, starts, ends, n_best, max_answer_len, null_threshold,
+                                    details=details)
+    return [{**details[e.id], "answer": answers[e.id], "null_margin": margins[e.id]} for e in examples]

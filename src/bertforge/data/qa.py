@@ -108,10 +108,13 @@ def answer_span(example: QAExample, offsets: list) -> tuple[int, int]:
 
 def best_answers(examples: list[QAExample], features: list[dict], start_logits: list[np.ndarray],
                  end_logits: list[np.ndarray], n_best: int = 20, max_answer_len: int = 30,
-                 null_threshold: float | None = None) -> tuple[dict[str, str], dict[str, float]]:
+                 null_threshold: float | None = None, details: dict | None = None
+                 ) -> tuple[dict[str, str], dict[str, float]]:
     """(question id -> answer text, question id -> null score minus best span score).
 
-    With `null_threshold` (v2), the answer is "" when null - best > threshold.
+    With `null_threshold` (v2), the answer is "" when null - best > threshold. `details`, when
+    given, is filled with question id -> {"score", "start", "end"} of the best span (softmax
+    probability of start and end over the window's candidates, and character offsets).
     """
     by_example: dict[int, list[int]] = {}
     for i, f in enumerate(features):
@@ -134,6 +137,12 @@ def best_answers(examples: list[QAExample], features: list[dict], start_logits: 
                     if score > best_score:
                         best_score = score
                         best_text = example.context[offsets[s][0]:offsets[e][1]]
+                        if details is not None:
+                            prob = float(np.exp(starts[s] - np.logaddexp.reduce(starts))
+                                         * np.exp(ends[e] - np.logaddexp.reduce(ends)))
+                            details[example.id] = {"score": prob, "start": offsets[s][0], "end": offsets[e][1]}
+        if details is not None:
+            details.setdefault(example.id, {"score": 0.0, "start": 0, "end": 0})
         margin = null_score - best_score if np.isfinite(best_score) else np.inf
         null_margin[example.id] = float(margin)
         answers[example.id] = "" if (null_threshold is not None and margin > null_threshold) else best_text

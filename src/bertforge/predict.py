@@ -1,0 +1,100 @@
+"""`bertforge predict TASK --model DIR [TEXT...] [--input FILE]`: one JSON object per input on stdout."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import InputError
+
+TASKS = ("fill-mask", "classify", "ner", "qa", "embed", "similarity")
+# The head each task needs: (class name, a parameter that only that head has).
+_HEADS = {"fill-mask": ("BertForMaskedLM", "mlm.bias"), "classify": ("BertForSequenceClassification", "classifier.weight"),
+          "ner": ("BertForTokenClassification", "classifier.weight"), "qa": ("BertForQuestionAnswering", "qa_outputs.weight"),
+          "embed": ("BertModel", None), "similarity": ("BertModel", None)}
+
+
+def load_for(task: str, model_dir: str):
+    """The model class `task` needs, refusing a checkpoint that lacks its head."""
+    import bertforge
+
+    name, head_key = _HEADS[task]
+    log = logging.getLogger("bertforge")
+    level = log.level
+    log.setLevel(logging.ERROR)  # "new head initialised randomly" is an error here, reported below
+    try:
+        model = getattr(bertforge, name).from_pretrained(model_dir)
+    finally:
+        log.setLevel(level)
+    if head_key and head_key in model.load_report.missing_keys:
+        raise InputError(f"{model_dir}: this checkpoint has no {name} head, which `predict {task}` needs; "
+                         "fine-tune it for the task first")
+    return model
+
+
+def _text_of(item: Any, index: int) -> tuple[str, str | None]:
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, dict) and isinstance(item.get("text"), str):
+        return item["text"], item.get("text_pair")
+    raise InputError(f"input {index + 1}: expected text or a JSON object with 'text'")
+
+
+def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, targets: list[str] | None = None,
+                joint: bool = False, aggregation: str = "first", pooling: str | None = None,
+                normalize: bool | None = None, against: list[str] | None = None, batch_size: int = 32,
+                null_threshold: float | None = None, progress: bool = False) -> Iterator[dict]:
+    from . import pipelines
+    from .tokenizer import Tokenizer
+
+    if task not in TASKS:
+        raise InputError(f"unknown task {task!r}; use one of {', '.join(TASKS)}")
+    model = load_for(task, model_dir)
+    tokenizer = Tokenizer.from_pretrained(model_dir)
+
+    if task == "qa":
+        items = [i if isinstance(i, dict) else {} for i in inputs]
+        for item, result in zip(items, pipelines.answer(model, tokenizer, items, null_threshold=null_threshold)):
+            yield {"question": item["question"], **result}
+        return
+    texts, pairs = zip(*(_text_of(item, i) for i, item in enumerate(inputs)))
+    texts = list(texts)
+    if task == "fill-mask":
+        if joint:
+            for text in texts:
+                yield {"text": text, **pipelines.fill_mask_joint(model, tokenizer, text)}
+            return
+        for text, per_mask in zip(texts, pipelines.fill_mask(model, tokenizer, texts, top_k, targets, batch_size)):
+            yield {"text": text, "predictions": per_mask}
+    elif task == "classify":
+        use_pairs = list(pairs) if any(p is not None for p in pairs) else None
+        if use_pairs is not None and any(p is None for p in use_pairs):
+            raise InputError("mix of single texts and pairs; give 'text_pair' for every input or none")
+        for text, result in zip(texts, pipelines.classify(model, tokenizer, texts, use_pairs, batch_size)):
+            yield {"text": text, **result}
+    elif task == "ner":
+        for text, entities in zip(texts, pipelines.ner(model, tokenizer, texts, aggregation)):
+            yield {"text": text, "entities": entities}
+    else:
+        settings = pipelines.sentence_transformers_settings(model_dir) or {}
+        pool = pooling or settings.get("pooling", "mean")
+        norm = settings.get("normalize", False) if normalize is None else normalize
+        max_len = settings.get("max_length")
+        encode = lambda xs: pipelines.embed(model, tokenizer, xs, pool, norm, batch_size, max_len,  # noqa: E731
+                                            progress=progress)
+        if task == "embed":
+            for vector in encode(texts):
+                yield {"embedding": [round(float(x), 7) for x in vector]}
+        elif against:
+            scores = pipelines.cosine(encode(texts), encode(against))
+            for text, row in zip(texts, scores):
+                best = row.argsort()[::-1][:top_k]
+                yield {"text": text, "matches": [{"text": against[j], "score": float(row[j])} for j in best]}
+        else:
+            if any(p is None for p in pairs):
+                raise InputError("similarity needs pairs: JSON {'text', 'text_pair'} per input, or --against FILE")
+            a, b = encode(texts), encode(list(pairs))
+            for text, pair, score in zip(texts, pairs, (a * b).sum(-1) / (
+                    (a ** 2).sum(-1) ** 0.5 * (b ** 2).sum(-1) ** 0.5)):
+                yield {"text": text, "text_pair": pair, "similarity": float(score)}
