@@ -177,6 +177,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import Limits, serve
+
+    serve(args.model, args.host, args.port, Limits(max_body_bytes=args.max_body_bytes, max_texts=args.max_texts,
+                                                   max_chars=args.max_chars, batch_wait_ms=args.batch_wait_ms))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertforge",
@@ -279,6 +287,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against", help="similarity: file of candidates; print the --top-k matches of each input")
     p.add_argument("--null-threshold", type=float, help="qa (SQuAD v2 models): answer '' above this null margin")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("serve", help="serve a model over HTTP (FastAPI): /embed /fill-mask /classify /ner /qa",
+                       description="Serve a checkpoint over HTTP. Endpoints the model has no head for answer 404. "
+                                   "Binds to 127.0.0.1 unless --host says otherwise; OpenAPI docs at /docs.")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="larger bodies get 413")
+    p.add_argument("--max-texts", type=int, default=64, help="texts per request (else 422)")
+    p.add_argument("--max-chars", type=int, default=10_000, help="characters per text (else 422)")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a request waits to batch with others")
+    p.set_defaults(func=cmd_serve)
 
     scoring = sub.add_parser("score", help="score prediction files with the official metrics",
                              description="Score predictions you already have.").add_subparsers(

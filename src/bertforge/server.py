@@ -1,0 +1,210 @@
+"""`bertforge serve`: an HTTP service for a model, on FastAPI + uvicorn.
+
+Endpoints: GET /health; POST /embed, /fill-mask, /classify, /ner with {"texts": [...]};
+POST /qa with {"question", "context"} or {"items": [...]}; OpenAPI docs at /docs. An
+endpoint whose head the model lacks answers 404 with a message saying so.
+
+Concurrent requests to one endpoint are micro-batched: the first request waits up to
+`batch_wait_ms` for others, and all of them run as one length-bucketed batch. Requests are
+limited in body size (413), number of texts and characters per text (422), each with a
+JSON `{"error": ...}` naming the limit. The server binds to 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+log = logging.getLogger("bertforge")
+
+
+class Texts(BaseModel):
+    """Body of /embed, /fill-mask, /classify and /ner."""
+
+    texts: list[str] = Field(..., description="the inputs, one string each")
+
+
+class Question(BaseModel):
+    """Body of /qa: one question and context, or a list of them under `items`."""
+
+    question: str | None = None
+    context: str | None = None
+    items: list[dict[str, str]] | None = None
+
+
+@dataclass
+class Limits:
+    max_body_bytes: int = 1_000_000
+    max_texts: int = 64
+    max_chars: int = 10_000
+    batch_wait_ms: float = 5.0
+    max_batch: int = 64
+
+
+class MicroBatcher:
+    """Collects concurrent calls for up to `wait` seconds and runs them as one batch in a worker thread."""
+
+    def __init__(self, run, wait: float, max_batch: int) -> None:
+        self.run, self.wait, self.max_batch = run, wait, max_batch
+        self.queue: asyncio.Queue | None = None
+        self.worker: asyncio.Task | None = None
+
+    async def submit(self, items: list) -> list:
+        if self.queue is None:
+            self.queue = asyncio.Queue()
+            self.worker = asyncio.create_task(self._loop())
+        future = asyncio.get_running_loop().create_future()
+        await self.queue.put((items, future))
+        return await future
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self.queue.get()
+            pending = [first]
+            deadline = loop.time() + self.wait
+            while sum(len(p[0]) for p in pending) < self.max_batch:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    pending.append(await asyncio.wait_for(self.queue.get(), remaining))
+                except asyncio.TimeoutError:
+                    break
+            flat = [item for items, _ in pending for item in items]
+            try:
+                results = await loop.run_in_executor(None, self.run, flat)
+            except Exception as exc:  # one bad batch must not stop the service
+                for _, future in pending:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            start = 0
+            for items, future in pending:
+                if not future.done():
+                    future.set_result(results[start:start + len(items)])
+                start += len(items)
+
+
+def create_app(model_dir: str, limits: Limits | None = None):
+    """The FastAPI application for one checkpoint directory."""
+    import torch
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    from . import pipelines
+    from .errors import BertforgeError
+    from .heads import ARCHITECTURES
+    from .hf import architecture_of
+    from .tokenizer import Tokenizer
+
+    limits = limits or Limits()
+    architecture = architecture_of(model_dir)
+    model = ARCHITECTURES.get(architecture, ARCHITECTURES["BertModel"]).from_pretrained(model_dir).eval()
+    tokenizer = Tokenizer.from_pretrained(model_dir)
+    st = pipelines.sentence_transformers_settings(model_dir) or {}
+    backbone = getattr(model, "bert", model)
+    torch.set_grad_enabled(False)
+
+    has = {
+        "embed": True,
+        "fill-mask": hasattr(model, "mlm"),
+        "classify": architecture == "BertForSequenceClassification",
+        "ner": architecture == "BertForTokenClassification",
+        "qa": architecture == "BertForQuestionAnswering",
+    }
+    runners = {
+        "embed": lambda texts: [v.tolist() for v in pipelines.embed(
+            backbone, tokenizer, texts, st.get("pooling", "mean"), st.get("normalize", False),
+            max_length=st.get("max_length"))],
+        "fill-mask": lambda texts: pipelines.fill_mask(model, tokenizer, texts),
+        "classify": lambda texts: pipelines.classify(model, tokenizer, texts),
+        "ner": lambda texts: pipelines.ner(model, tokenizer, texts),
+        "qa": lambda items: pipelines.answer(model, tokenizer, items),
+    }
+    wait = limits.batch_wait_ms / 1000
+    batchers = {name: MicroBatcher(run, wait, limits.max_batch) for name, run in runners.items() if has[name]}
+
+    app = FastAPI(title="bertforge", description=f"Serving {Path(model_dir).name} ({architecture}).")
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse(status_code=status, content={"error": message})
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+            return error(413, f"request body of {declared} bytes exceeds the limit of {limits.max_body_bytes} bytes")
+        if request.method == "POST":
+            body = await request.body()  # also catches chunked bodies that declared no length
+            if len(body) > limits.max_body_bytes:
+                return error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        problems = exc.errors()
+        first = problems[0] if problems else {}
+        if first.get("type") == "json_invalid":
+            return error(400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse the body')}")
+        where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
+        return error(422, f"invalid request: {where or 'body'}: {first.get('msg', 'invalid')}")
+
+    @app.exception_handler(BertforgeError)
+    async def user_error(request: Request, exc: BertforgeError):
+        return error(422, str(exc))
+
+    def check(texts: list[str]) -> JSONResponse | None:
+        if not texts:
+            return error(422, "'texts' is empty")
+        if len(texts) > limits.max_texts:
+            return error(422, f"{len(texts)} texts exceed the limit of {limits.max_texts} per request")
+        for i, t in enumerate(texts):
+            if len(t) > limits.max_chars:
+                return error(422, f"text {i} has {len(t)} characters, over the limit of {limits.max_chars}")
+            if not t.strip():
+                return error(422, f"text {i} is empty")
+        return None
+
+    async def serve(name: str, items: list) -> Any:
+        if name not in batchers:
+            return error(404, f"this model ({architecture}) has no head for /{name}")
+        return {"results": await batchers[name].submit(items)}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": str(model_dir), "architecture": architecture,
+                "endpoints": sorted(f"/{n}" for n in batchers)}
+
+    def text_endpoint(name: str):
+        async def handler(body: Texts):
+            return check(body.texts) or await serve(name, body.texts)
+
+        handler.__name__ = name.replace("-", "_")
+        app.post(f"/{name}", summary=f"{name} for each of 'texts'")(handler)
+
+    for name in ("embed", "fill-mask", "classify", "ner"):
+        text_endpoint(name)
+
+    @app.post("/qa", summary="answer a question from a context (or a list under 'items')")
+    async def qa(body: Question):
+        items = body.items if body.items is not None else [{"question": body.question or "", "context": body.context or ""}]
+        problem = check([i.get("context", "") for i in items]) or check([i.get("question", "") for i in items])
+        return problem or await serve("qa", items)
+
+    return app
+
+
+def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None) -> None:
+    import uvicorn
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s: reachable from other machines; there is no authentication", host)
+    uvicorn.run(create_app(model_dir, limits), host=host, port=port, log_level="warning")
+

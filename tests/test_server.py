@@ -1,0 +1,87 @@
+"""The HTTP service, started for real on a free loopback port and spoken to over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(port: int, path: str, body: bytes | dict | None = None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def server(minilm_dir):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", str(minilm_dir), "--port",
+                             str(port), "--max-texts", "4", "--max-chars", "200", "--max-body-bytes", "5000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if call(port, "/health")[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.3)
+        assert proc.poll() is None, proc.stderr.read().decode()
+    yield port
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_health_and_docs(server):
+    status, body = call(server, "/health")
+    assert status == 200 and body["architecture"] == "BertModel" and body["endpoints"] == ["/embed"]
+    status, spec = call(server, "/openapi.json")
+    assert status == 200 and "/embed" in spec["paths"]
+
+
+def test_embed_and_concurrent_micro_batching(server):
+    status, body = call(server, "/embed", {"texts": ["a dog runs", "a puppy runs"]})
+    assert status == 200 and len(body["results"]) == 2 and len(body["results"][0]) == 384
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: call(server, "/embed", {"texts": [f"sentence {i}"]}), range(16)))
+    assert all(s == 200 and len(b["results"]) == 1 for s, b in answers)
+    single = call(server, "/embed", {"texts": ["sentence 3"]})[1]["results"][0]
+    assert max(abs(a - b) for a, b in zip(answers[3][1]["results"][0], single)) < 1e-5  # batching changes nothing
+
+
+def test_limits_and_bad_requests(server):
+    status, body = call(server, "/classify", {"texts": ["x"]})
+    assert status == 404 and "no head for /classify" in body["error"]
+    status, body = call(server, "/embed", {"texts": ["x"] * 5})
+    assert status == 422 and "limit of 4" in body["error"]
+    status, body = call(server, "/embed", {"texts": ["x" * 300]})
+    assert status == 422 and "limit of 200" in body["error"]
+    status, body = call(server, "/embed", b'{"texts": ["unterminated')
+    assert status == 400 and "malformed JSON" in body["error"]
+    status, body = call(server, "/embed", {"texts": ["y" * 100] * 60})
+    assert status == 413 and "5000 bytes" in body["error"]
+    status, body = call(server, "/embed", {"wrong": 1})
+    assert status == 422 and "texts" in body["error"]
+    assert call(server, "/health")[0] == 200  # still serving
