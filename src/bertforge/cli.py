@@ -185,6 +185,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attention(args: argparse.Namespace) -> int:
+    from .model import BertModel
+    from .tokenizer import Tokenizer
+    from .viz import attention_maps, plot_attention, write_attention_html
+
+    model = BertModel.from_pretrained(args.model)
+    tokens, attn = attention_maps(model, Tokenizer.from_pretrained(args.model), args.text, args.pair)
+    L, H = attn.shape[:2]
+    for name, value, limit in (("--layer", args.layer, L), ("--head", args.head, H)):
+        if value is not None and not 1 <= value <= limit:
+            raise BertforgeError(f"{name} {value} is out of range: the model has {limit}")
+    layer = args.layer - 1 if args.layer else None
+    head = args.head - 1 if args.head else None
+    written = [str(plot_attention(tokens, attn, Path(args.out), layer, head))]
+    if args.html:
+        written.append(str(write_attention_html(tokens, attn, Path(args.html))))
+    print(json.dumps({"tokens": len(tokens), "layers": L, "heads": H, "written": written}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertforge",
@@ -299,6 +319,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=10_000, help="characters per text (else 422)")
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a request waits to batch with others")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("attention", help="draw attention heatmaps (PNG grid, or an interactive HTML page)",
+                       description="Draw a model's attention for one input: a PNG grid of every layer x head, or "
+                                   "one layer/head with the WordPiece tokens on both axes; --html writes a static "
+                                   "page with layer and head pickers that opens in any browser without a server.")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--text", required=True)
+    p.add_argument("--pair", help="second segment (sentence B)")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--layer", type=int, help="1-based layer to draw alone (default: the whole grid)")
+    p.add_argument("--head", type=int, help="1-based head (with --layer; default: the mean of the heads)")
+    p.add_argument("--html", help="also write an interactive HTML page here")
+    p.set_defaults(func=cmd_attention)
 
     scoring = sub.add_parser("score", help="score prediction files with the official metrics",
                              description="Score predictions you already have.").add_subparsers(
