@@ -205,6 +205,13 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_onnx
+
+    print(json.dumps(export_onnx(args.model, args.out, int8=args.int8, opset=args.opset)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertforge",
@@ -332,6 +339,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", type=int, help="1-based head (with --layer; default: the mean of the heads)")
     p.add_argument("--html", help="also write an interactive HTML page here")
     p.set_defaults(func=cmd_attention)
+
+    exporting = sub.add_parser("export", help="export a model to ONNX (checked against ONNX Runtime)",
+                               description="Export formats.").add_subparsers(dest="export_command", metavar="FORMAT")
+    p = exporting.add_parser("onnx", help="ONNX with dynamic batch and sequence axes",
+                             description="Export a checkpoint to ONNX with dynamic batch and sequence axes, then run it "
+                                         "in ONNX Runtime on a new padded shape and require a match with PyTorch "
+                                         "within 1e-4. --int8 adds a dynamically quantised copy for CPU inference.")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--out", required=True, help="the .onnx file to write (must not exist)")
+    p.add_argument("--int8", action="store_true", help="also write OUT.int8.onnx with int8 weights")
+    p.add_argument("--opset", type=int, default=18)
+    p.set_defaults(func=cmd_export)
 
     scoring = sub.add_parser("score", help="score prediction files with the official metrics",
                              description="Score predictions you already have.").add_subparsers(

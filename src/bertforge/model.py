@@ -276,7 +276,12 @@ class BertModel(BertPreTrainedModel):
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
 
         mask = packed = None
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
+        if torch.compiler.is_compiling():
+            # Under torch.compile / torch.export / ONNX export the graph must not depend on the
+            # data, so the mask is always applied and nothing is unpadded.
+            if attention_mask is not None:
+                mask = attention_mask.bool()[:, None, None, :]
+        elif attention_mask is not None and not bool(attention_mask.bool().all()):
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
             if self.unpad and not output_attentions:
                 packed = packing(attention_mask)
