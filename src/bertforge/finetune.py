@@ -212,6 +212,8 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
         from_hf_state_dict(model, read_weights(best / "model.safetensors"), source=str(best))
         shutil.rmtree(best)
     model.save_pretrained(out, tokenizer=tokenizer)
+    # The loop's last checkpoint (model + optimizer state) served the run; the export above is the result.
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
     from .viz import plot_curves
 
     plot_curves(out / "metrics.jsonl", out / "curves.png", title=f"fine-tuning ({cfg.task})")

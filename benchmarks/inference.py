@@ -1,0 +1,172 @@
+"""CPU inference, side by side on SST-2 dev (872 sentences) with all-MiniLM-L6-v2, batch 32.
+
+1. Identical batches sorted by length: bertforge `BertModel` vs transformers `BertModel`
+   (eager and sdpa attention) vs ONNX Runtime (fp32 and dynamic int8) on bertforge's export.
+2. File order: bertforge's `embed` pipeline (it buckets by length itself) vs transformers
+   on batches of 32 in file order.
+3. Model FLOPs utilisation against a 2048^3 fp32 matmul measured in the same run, counting
+   only real tokens.
+4. With --classifier DIR (an SST-2 fine-tuned checkpoint), SST-2 dev accuracy of PyTorch,
+   ONNX Runtime fp32 and int8, so the int8 accuracy change is measured, not assumed.
+
+Every figure is the median of --repeats full passes over the 872 sentences.
+
+    python -m benchmarks.inference [--repeats 3] [--classifier runs/sst2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from bertforge import BertModel, Tokenizer
+from bertforge.export import export_onnx
+from bertforge.pipelines import embed
+
+from .common import DATA, machine, median, minilm_dir, need, save
+
+
+def sst2() -> tuple[list[str], list[int]]:
+    rows = [line.split("\t") for line in need(DATA / "glue/SST-2/dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    return [r[0] for r in rows], [int(r[1]) for r in rows]
+
+
+def batches(tokenizer: Tokenizer, texts: list[str], size: int, sort: bool) -> list[dict[str, np.ndarray]]:
+    order = sorted(range(len(texts)), key=lambda i: len(tokenizer.encode(texts[i]))) if sort else range(len(texts))
+    order = list(order)
+    out = []
+    for start in range(0, len(order), size):
+        enc = tokenizer([texts[i] for i in order[start:start + size]], padding=True, truncation=True, return_tensors="np")
+        out.append({k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")})
+    return out
+
+
+def timed(run, data, repeats: int) -> float:
+    """Median seconds of a full pass over `data`."""
+    run(data[:1])  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(data)
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
+def torch_runner(model):
+    def run(data):
+        with torch.no_grad():
+            for b in data:
+                model(**{k: torch.from_numpy(v) for k, v in b.items()})
+    return run
+
+
+def ort_runner(path: Path):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def run(data):
+        for b in data:
+            session.run(None, b)
+    return run
+
+
+def matmul_peak() -> float:
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * 2048 ** 3 / median(times) / 1e9
+
+
+def model_flops(config, data) -> float:
+    """Forward FLOPs of the real tokens: 2 x (non-embedding matmul weights) per token, plus attention."""
+    L, H, F = config.num_hidden_layers, config.hidden_size, config.intermediate_size
+    per_token = 2 * L * (4 * H * H + 2 * H * F)
+    total = 0.0
+    for b in data:
+        lengths = b["attention_mask"].sum(1)
+        total += per_token * lengths.sum() + sum(2 * 2 * L * H * n * n for n in lengths)
+    return float(total)
+
+
+def accuracy_check(classifier: Path, work: Path, texts: list[str], labels: list[int]) -> dict:
+    from bertforge import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(classifier).eval()
+    tok = Tokenizer.from_pretrained(classifier)
+    report = export_onnx(str(classifier), str(work / "clf.onnx"), int8=True)
+    data = batches(tok, texts, 32, sort=False)
+    import onnxruntime as ort
+
+    def predictions(run_batch):
+        return np.concatenate([run_batch(b) for b in data]).argmax(-1)
+
+    with torch.no_grad():
+        pt = predictions(lambda b: model(**{k: torch.from_numpy(v) for k, v in b.items()}).logits.numpy())
+    fp32 = ort.InferenceSession(report["onnx"], providers=["CPUExecutionProvider"])
+    int8 = ort.InferenceSession(report["int8"], providers=["CPUExecutionProvider"])
+    acc = lambda p: float((p == np.array(labels)).mean())  # noqa: E731
+    return {"pytorch": acc(pt), "onnx_fp32": acc(predictions(lambda b: fp32.run(None, b)[0])),
+            "onnx_int8": acc(predictions(lambda b: int8.run(None, b)[0]))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--classifier", help="an SST-2 fine-tuned checkpoint, for the int8 accuracy change")
+    args = parser.parse_args()
+    model_dir = minilm_dir()
+    texts, labels = sst2()
+    tok = Tokenizer.from_pretrained(model_dir)
+    work = Path(tempfile.mkdtemp(prefix="bf-inference-"))
+    onnx = export_onnx(str(model_dir), str(work / "minilm.onnx"), int8=True)
+    sorted_batches = batches(tok, texts, 32, sort=True)
+    file_batches = batches(tok, texts, 32, sort=False)
+    n = len(texts)
+    ours = BertModel.from_pretrained(model_dir).eval()
+    hf = {impl: transformers.BertModel.from_pretrained(model_dir, attn_implementation=impl).eval()
+          for impl in ("eager", "sdpa")}
+    result = {"machine": machine(), "sentences": n, "batch_size": 32, "repeats": args.repeats,
+              "command": "python -m benchmarks.inference" + (f" --classifier {args.classifier}" if args.classifier else "")}
+    sorted_s = {
+        "bertforge": timed(torch_runner(ours), sorted_batches, args.repeats),
+        "transformers_eager": timed(torch_runner(hf["eager"]), sorted_batches, args.repeats),
+        "transformers_sdpa": timed(torch_runner(hf["sdpa"]), sorted_batches, args.repeats),
+        "onnxruntime_fp32": timed(ort_runner(Path(onnx["onnx"])), sorted_batches, args.repeats),
+        "onnxruntime_int8": timed(ort_runner(Path(onnx["int8"])), sorted_batches, args.repeats),
+    }
+    result["sorted_sentences_per_s"] = {k: n / v for k, v in sorted_s.items()}
+    best_hf = max(result["sorted_sentences_per_s"]["transformers_eager"], result["sorted_sentences_per_s"]["transformers_sdpa"])
+    result["sorted_ratios"] = {
+        "bertforge_vs_best_transformers": result["sorted_sentences_per_s"]["bertforge"] / best_hf,
+        "bertforge_vs_onnxruntime_fp32": sorted_s["onnxruntime_fp32"] / sorted_s["bertforge"],
+        "int8_vs_onnxruntime_fp32": sorted_s["onnxruntime_fp32"] / sorted_s["onnxruntime_int8"],
+    }
+    pipeline_s = timed(lambda data: embed(ours, tok, data, batch_size=32), texts, args.repeats)
+    hf_file_s = timed(torch_runner(hf["sdpa"]), file_batches, args.repeats)
+    result["file_order_sentences_per_s"] = {"bertforge_embed_pipeline": n / pipeline_s,
+                                            "transformers_sdpa": n / hf_file_s,
+                                            "ratio": hf_file_s / pipeline_s}
+    peak = matmul_peak()
+    flops = model_flops(ours.config, sorted_batches)
+    result["matmul_peak_gflops"] = peak
+    result["mfu_sorted"] = {k: flops / v / 1e9 / peak for k, v in sorted_s.items()}
+    if args.classifier:
+        result["sst2_accuracy"] = accuracy_check(Path(args.classifier), work, texts, labels)
+    print(json.dumps(result, indent=2))
+    print("saved", save("inference", result))
+
+
+if __name__ == "__main__":
+    main()
