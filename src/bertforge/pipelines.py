@@ -17,6 +17,7 @@ import torch
 
 from .errors import InputError
 from .heads import BertForMaskedLM, BertForPreTraining
+from .tasks import collate
 from .tokenizer import Tokenizer
 
 
@@ -43,17 +44,10 @@ def _run_sorted(texts: list, tokenizer: Tokenizer, max_length: int, batch_size: 
         from tqdm import tqdm
 
         batches = tqdm(batches, desc="predict", unit="batch")
+    features = [{"input_ids": ids, "token_type_ids": types} for ids, types in zip(enc["input_ids"], enc["token_type_ids"])]
     for rows in batches:
-        T = max(lengths[i] for i in rows)
-        ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
-        types = torch.zeros((len(rows), T), dtype=torch.long)
-        mask = torch.zeros((len(rows), T), dtype=torch.long)
-        for j, i in enumerate(rows):
-            n = lengths[i]
-            ids[j, :n] = torch.tensor(enc["input_ids"][i])
-            types[j, :n] = torch.tensor(enc["token_type_ids"][i])
-            mask[j, :n] = 1
-        for i, value in zip(rows, step({"input_ids": ids, "token_type_ids": types, "attention_mask": mask}, rows)):
+        batch = collate([features[i] for i in rows], tokenizer.pad_token_id)
+        for i, value in zip(rows, step(batch, rows)):
             results[i] = value
     return results
 
@@ -337,8 +331,6 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
     model.eval()
     starts, ends = [None] * len(features), [None] * len(features)
     for rows in length_batches([len(f["input_ids"]) for f in features], batch_size):
-        from .tasks import collate
-
         batch = collate([features[i] for i in rows], tokenizer.pad_token_id)
         out = model(**{k: v.to(_device(model)) for k, v in batch.items()})
         for j, i in enumerate(rows):
