@@ -128,8 +128,12 @@ def ner_features(sentences, tokenizer: Tokenizer, seq_len: int, label2id: dict[s
 
 def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
     """(model, task) for a config; `model` given means evaluate with it (labels from its config)."""
+    pack_to = cfg.seq_len if cfg.pack else None
     if cfg.task == "qa":
         from .data.qa import qa_features, read_squad
+
+        if cfg.pack:
+            raise BertforgeError("--pack is not supported for qa: its windows already fill --seq-len")
 
         train = read_squad(train_path)[0] if train_path else []
         dev, raw = read_squad(dev_path)
@@ -160,7 +164,7 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
                     raise InputError(f"{path}:{s.line}: tag '{unknown[0]}' has an entity type not seen in training")
         make = lambda sentences: ner_features(sentences, tokenizer, cfg.seq_len, label2id)  # noqa: E731
         task = TokenClassificationTask(make(train) if train else [], make(dev), cfg.batch_size, cfg.seed,
-                                       tokenizer.pad_token_id, id2label=dict(enumerate(labels)))
+                                       tokenizer.pad_token_id, pack_to, id2label=dict(enumerate(labels)))
         return model, task
 
     columns = Columns(cfg.text_column, cfg.pair_column, cfg.label_column)
@@ -182,7 +186,7 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     make = lambda ex, path: classification_features(ex, tokenizer, cfg.seq_len, cfg.truncation,  # noqa: E731
                                                     targets(ex, path))
     task = ClassificationTask(make(train, train_path) if train else [], make(dev, dev_path), cfg.batch_size, cfg.seed,
-                              tokenizer.pad_token_id, id2label=id2label, regression=cfg.task == "regress")
+                              tokenizer.pad_token_id, pack_to, id2label=id2label, regression=cfg.task == "regress")
     return model, task
 
 

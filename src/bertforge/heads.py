@@ -112,12 +112,14 @@ class BertForPreTraining(BertPreTrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None, output_attentions: bool = False,
-                output_hidden_states: bool = False) -> PreTrainingOutput:
-        """input_ids: long [B, T]; labels: long [B, T] (-100 = not predicted); next_sentence_label: long [B]."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                output_hidden_states: bool = False,
+                position_ids: torch.Tensor | None = None) -> PreTrainingOutput:
+        """input_ids: long [B, T]; labels: long [B, T] (-100 = not predicted); next_sentence_label: long [B],
+        or [S] with one per example when rows are packed (see `BertModel.forward`)."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
         mlm_logits, mlm_loss = self.mlm.predict(out.last_hidden_state, self.bert.embeddings.word.weight, labels)
-        nsp_logits = self.nsp(out.pooler_output)  # (B, 2)
+        nsp_logits = self.nsp(out.pooler_output)  # (B, 2), or (S, 2) packed
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label) if next_sentence_label is not None else None
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
         return PreTrainingOutput(
@@ -140,9 +142,10 @@ class BertForMaskedLM(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                output_attentions: bool = False, output_hidden_states: bool = False) -> HeadOutput:
+                output_attentions: bool = False, output_hidden_states: bool = False,
+                position_ids: torch.Tensor | None = None) -> HeadOutput:
         """Logits float [B, T, V], or [N, V] at the N labelled positions when labels are given."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
         logits, loss = self.mlm.predict(out.last_hidden_state, self.bert.embeddings.word.weight, labels)
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
@@ -162,8 +165,9 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                output_attentions: bool = False, output_hidden_states: bool = False) -> HeadOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+                output_attentions: bool = False, output_hidden_states: bool = False,
+                position_ids: torch.Tensor | None = None) -> HeadOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
         logits = self.nsp(out.pooler_output)
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
@@ -200,9 +204,10 @@ class BertForSequenceClassification(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                output_attentions: bool = False, output_hidden_states: bool = False) -> HeadOutput:
+                output_attentions: bool = False, output_hidden_states: bool = False,
+                position_ids: torch.Tensor | None = None) -> HeadOutput:
         """Logits float [B, num_labels]; labels long [B], or float [B] (regression) / [B, num_labels] (multi-label)."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
         logits = self.classifier(self.dropout(out.pooler_output))
         loss = None
@@ -233,9 +238,10 @@ class BertForTokenClassification(BertPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                output_attentions: bool = False, output_hidden_states: bool = False) -> HeadOutput:
+                output_attentions: bool = False, output_hidden_states: bool = False,
+                position_ids: torch.Tensor | None = None) -> HeadOutput:
         """labels: long [B, T], -100 on sub-tokens after the first, special tokens and padding."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
         logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
@@ -260,9 +266,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
                 end_positions: torch.Tensor | None = None, output_attentions: bool = False,
-                output_hidden_states: bool = False) -> QuestionAnsweringOutput:
+                output_hidden_states: bool = False,
+                position_ids: torch.Tensor | None = None) -> QuestionAnsweringOutput:
         """start_positions, end_positions: long [B] token indices (0 = [CLS] for "no answer")."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_attentions=output_attentions,
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                         output_hidden_states=output_hidden_states)
         logits = self.qa_outputs(out.last_hidden_state)  # (B, T, 2)
         start_logits, end_logits = logits[..., 0], logits[..., 1]

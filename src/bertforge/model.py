@@ -14,6 +14,9 @@ How this file differs from transformers' `modeling_bert.py`, and why:
    and GELU runs on the [N, H] matrix of its N real tokens, and only attention scatters
    them back into rows (`padding.py`). The output is padded again at the end. Same
    numbers, fewer FLOPs; `model.unpad = False` turns it off.
+   Rows may also be *packed* with several examples, each restarting its position ids at 0
+   (transformers' `DataCollatorWithFlattening` convention): attention is then per example
+   (block-diagonal) and the pooler reads each example's own [CLS].
 4. Module names are short and descriptive (`attention.query`, `ffn.up`); the checkpoint
    names everyone's weights use are kept in one table in `hf.py`.
 
@@ -31,7 +34,7 @@ from torch import nn
 
 from .config import BertConfig
 from .errors import InputError
-from .padding import Packing, pad, packing, unpad
+from .padding import Packing, block_diagonal_mask, example_starts, from_sequences, pad, packing, to_sequences, unpad
 
 
 def activation(name: str) -> nn.Module:
@@ -52,7 +55,8 @@ class BertOutput:
     """What the backbone returns.
 
     last_hidden_state: float [B, T, H]
-    pooler_output:     float [B, H], tanh(W h_CLS + b); None when the model has no pooler
+    pooler_output:     float [B, H], tanh(W h_CLS + b); None when the model has no pooler.
+                       For packed rows, [S, H]: one per example, row by row, left to right
     hidden_states:     tuple of L+1 float [B, T, H] (embeddings, then each layer), when asked
     attentions:        tuple of L float [B, nh, T, T] attention probabilities, when asked
     """
@@ -98,17 +102,18 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
                 packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: float [B, T, H], or [N, H] real tokens when `packed` says where they sit;
-        mask: bool [B, 1, 1, T], True where a key may be attended to, or None.
+        mask: bool [B, 1, 1, T] or [B, 1, T, T], True where a key may be attended to, or None.
 
         Returns the projected context, shaped like x, and the attention probabilities
         float [B, nh, T, T] when `output_attentions`, else None.
         """
         q, k, v = self.query(x), self.key(x), self.value(x)
-        if packed is not None:  # attention needs the sequences: scatter the real tokens back into rows
-            q, k, v = pad(q, packed), pad(k, packed), pad(v, packed)
+        if packed is not None:  # attention needs the sequences: scatter the real tokens into one row each
+            q, k, v = to_sequences(q, packed), to_sequences(k, packed), to_sequences(v, packed)
+            mask = packed.key_mask
         context, probs = self.attend(q, k, v, mask, output_attentions)
         if packed is not None:
-            context = unpad(context, packed)
+            context = from_sequences(context, packed)
         return self.out(context), probs
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -176,9 +181,9 @@ class Pooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float [B, T, H] -> float [B, H]."""
-        return torch.tanh(self.dense(hidden[:, 0]))
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """The [CLS] vectors, float [S, H] (one per example) -> float [S, H]."""
+        return torch.tanh(self.dense(first))
 
 
 class BertPreTrainedModel(nn.Module):
@@ -236,7 +241,7 @@ class BertModel(BertPreTrainedModel):
         self.init_weights()
 
     def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                     attention_mask: torch.Tensor | None) -> None:
+                     attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None = None) -> None:
         """Turn out-of-range inputs into a clear error instead of an IndexError deep in torch."""
         c = self.config
         if input_ids.dim() != 2:
@@ -246,7 +251,8 @@ class BertModel(BertPreTrainedModel):
                 f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
                 f"({c.max_position_embeddings}); truncate the input (e.g. max_length={c.max_position_embeddings})"
             )
-        for name, t, limit in (("input_ids", input_ids, c.vocab_size), ("token_type_ids", token_type_ids, c.type_vocab_size)):
+        for name, t, limit in (("input_ids", input_ids, c.vocab_size), ("token_type_ids", token_type_ids, c.type_vocab_size),
+                               ("position_ids", position_ids, c.max_position_embeddings)):
             if t is None or t.numel() == 0:
                 continue
             if t.shape != input_ids.shape:
@@ -254,7 +260,7 @@ class BertModel(BertPreTrainedModel):
             lo, hi = int(t.min()), int(t.max())
             if lo < 0 or hi >= limit:
                 bad = hi if hi >= limit else lo
-                size = "vocab_size" if name == "input_ids" else "type_vocab_size"
+                size = {"input_ids": "vocab_size", "token_type_ids": "type_vocab_size"}.get(name, "max_position_embeddings")
                 raise InputError(f"{name} contains {bad}, outside [0, {limit}) set by {size}; "
                                  "does the tokenizer match the model?")
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
@@ -265,26 +271,36 @@ class BertModel(BertPreTrainedModel):
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False) -> BertOutput:
         """input_ids: long [B, T]; token_type_ids: long [B, T] (0 = segment A, 1 = segment B);
-        attention_mask: [B, T], 1 for real tokens and 0 for padding; position_ids: long [B, T].
+        attention_mask: [B, T], 1 for real tokens and 0 for padding; position_ids: long [B, T],
+        where a 0 after the first column starts a new packed example in that row.
         """
+        if position_ids is not None and position_ids.dim() == 2 and position_ids.shape[0] == 1:
+            position_ids = position_ids.expand(input_ids.shape[0], -1)  # one row of positions for the batch
         if not torch.compiler.is_compiling():
-            self.check_inputs(input_ids, token_type_ids, attention_mask)
+            self.check_inputs(input_ids, token_type_ids, attention_mask, position_ids)
         B, T = input_ids.shape
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        if position_ids is None:
-            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
 
-        mask = packed = None
+        mask = packed = starts = None
         if torch.compiler.is_compiling():
             # Under torch.compile / torch.export / ONNX export the graph must not depend on the
-            # data, so the mask is always applied and nothing is unpadded.
+            # data, so the mask is always applied and nothing is unpadded or unpacked.
             if attention_mask is not None:
                 mask = attention_mask.bool()[:, None, None, :]
-        elif attention_mask is not None and not bool(attention_mask.bool().all()):
-            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
-            if self.unpad and not output_attentions:
-                packed = packing(attention_mask)
+        else:
+            real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+            if position_ids is not None:
+                starts = example_starts(position_ids, real)  # None unless some row holds several examples
+            if starts is not None or not bool(real.all()):
+                if self.unpad and not output_attentions:
+                    packed = packing(real, starts)
+                elif starts is not None:
+                    mask = block_diagonal_mask(starts, real)  # (B, 1, T, T)
+                else:
+                    mask = real[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
 
         if packed is None:
             x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
@@ -301,9 +317,14 @@ class BertModel(BertPreTrainedModel):
                 all_probs.append(probs)
         x = padded(x)  # (B, T, H), zeros at padding when unpadded
 
+        pooled = None
+        if self.pooler is not None:
+            # One [CLS] per example: column 0 of each row, or every example start of packed rows.
+            first = x[:, 0] if starts is None else x.flatten(0, 1)[starts.flatten().nonzero().squeeze(1)]
+            pooled = self.pooler(first)
         return BertOutput(
             last_hidden_state=x,
-            pooler_output=self.pooler(x) if self.pooler is not None else None,
+            pooler_output=pooled,
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
             attentions=tuple(all_probs) if all_probs is not None else None,
         )

@@ -1,11 +1,16 @@
-"""Unpadding: run a padded batch as one packed sequence of its real tokens.
+"""Unpadding and packing: run a batch as one long list of its real tokens.
 
 A batch [B, T] with padding holds N < B*T real tokens. Every Linear, LayerNorm and GELU
 acts on each token alone, so it can run on the [N, H] matrix of real tokens and skip the
 padding's wasted FLOPs. Only attention needs the sequence structure; `cu_seqlens` (the
-cumulative lengths, as flash-attention's varlen kernels take them) and `indices` (where
-each real token sits in the flattened [B*T] batch) carry it. These helpers are kept apart
-from the model's maths, as in MosaicBERT's `bert_padding.py`.
+cumulative lengths, as flash-attention's varlen kernels take them) and the index tensors
+below carry it. These helpers are kept apart from the model's maths, as in MosaicBERT's
+`bert_padding.py`.
+
+A *packed* row holds several examples back to back, each starting at position id 0 (the
+convention of transformers' `DataCollatorWithFlattening`). Here a "sequence" is one example,
+not one row: attention scatters each example into its own row of an [S, max_seqlen] layout,
+so examples sharing a row never see each other - the block-diagonal attention packing needs.
 """
 
 from __future__ import annotations
@@ -17,32 +22,78 @@ import torch
 
 @dataclass
 class Packing:
-    """Where the N real tokens of a [B, T] batch are.
+    """Where the N real tokens of a [B, T] batch are, and which of the S sequences each belongs to.
 
-    indices:    long [N], positions in the flattened batch, row-major
-    cu_seqlens: int32 [B + 1], cumulative sequence lengths (row b is packed[cu[b]:cu[b+1]])
-    batch, seq_len: B and T of the padded batch
+    indices:     long [N], positions in the flattened [B*T] batch, row-major
+    cu_seqlens:  int32 [S + 1], cumulative sequence lengths (sequence s is tokens cu[s]:cu[s+1])
+    seq_indices: long [N], positions in the flattened [S*max_seqlen] attention layout
+    key_mask:    bool [S, 1, 1, max_seqlen], True at real keys; None when all S have max_seqlen
+    batch, seq_len, max_seqlen: B and T of the padded batch; the longest sequence
     """
 
     indices: torch.Tensor
     cu_seqlens: torch.Tensor
+    seq_indices: torch.Tensor
+    key_mask: torch.Tensor | None
     batch: int
     seq_len: int
+    max_seqlen: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_seqlens.numel() - 1
 
     @property
     def first_tokens(self) -> torch.Tensor:
-        """Packed index of each row's first token ([CLS]): long [B]."""
+        """Index among the N real tokens of each sequence's first token ([CLS]): long [S]."""
         return self.cu_seqlens[:-1].long()
 
 
-def packing(attention_mask: torch.Tensor) -> Packing:
-    """attention_mask: [B, T] with 1 for real tokens. Rows must be left-aligned (padding at the end)."""
+def example_starts(position_ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor | None:
+    """bool [B, T]: where each example begins, when some row holds several (position id 0
+    after the first column); None when every row is one example.
+
+    position_ids: long [B, T]; real: bool [B, T], True at real tokens.
+    """
+    restarts = (position_ids[:, 1:] == 0) & real[:, 1:]
+    if not bool(restarts.any()):
+        return None
+    return torch.cat([real[:, :1], restarts], dim=1)
+
+
+def packing(attention_mask: torch.Tensor, starts: torch.Tensor | None = None) -> Packing:
+    """attention_mask: [B, T] with 1 for real tokens, padding at the end of each row;
+    starts: bool [B, T] from `example_starts` when rows are packed, else each row is one sequence.
+    """
     B, T = attention_mask.shape
-    mask = attention_mask.bool()
-    lengths = mask.sum(1, dtype=torch.int32)
-    cu = torch.zeros(B + 1, dtype=torch.int32, device=attention_mask.device)
+    real = attention_mask.bool()
+    indices = real.flatten().nonzero().squeeze(1)
+    if starts is None:
+        lengths = real.sum(1)
+        lengths = lengths[lengths > 0]
+    else:
+        seq_of_token = torch.cumsum(starts.flatten()[indices].long(), 0) - 1  # (N,)
+        lengths = torch.bincount(seq_of_token)
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=attention_mask.device)
     cu[1:] = torch.cumsum(lengths, 0)
-    return Packing(mask.flatten().nonzero().squeeze(1), cu, B, T)
+    max_seqlen = int(lengths.max())
+    # Token j of sequence s sits at s * max_seqlen + (j - cu[s]) in the attention layout.
+    seq_of_token = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device), lengths)
+    offsets = torch.arange(indices.numel(), device=cu.device) - cu[:-1].long()[seq_of_token]
+    key_mask = None
+    if bool((lengths != max_seqlen).any()):
+        key_mask = (torch.arange(max_seqlen, device=cu.device) < lengths[:, None])[:, None, None, :]
+    return Packing(indices, cu, seq_of_token * max_seqlen + offsets, key_mask, B, T, max_seqlen)
+
+
+def block_diagonal_mask(starts: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """bool [B, 1, T, T] for the padded path over packed rows: a query sees the keys of its own
+    example only. Padding queries see every real key of their row, so no softmax row is empty.
+    """
+    example = torch.cumsum(starts.long(), dim=1)  # (B, T): which example of its row each token is
+    same = (example[:, :, None] == example[:, None, :]) & real[:, :, None]
+    allowed = (same | ~real[:, :, None]) & real[:, None, :]
+    return allowed[:, None]
 
 
 def unpad(x: torch.Tensor, p: Packing) -> torch.Tensor:
@@ -55,3 +106,15 @@ def pad(x: torch.Tensor, p: Packing) -> torch.Tensor:
     out = x.new_zeros((p.batch * p.seq_len, *x.shape[1:]))
     out.index_copy_(0, p.indices, x)
     return out.view(p.batch, p.seq_len, *x.shape[1:])
+
+
+def to_sequences(x: torch.Tensor, p: Packing) -> torch.Tensor:
+    """[N, ...] -> [S, max_seqlen, ...]: one row per sequence, zeros after its end."""
+    out = x.new_zeros((p.num_seqs * p.max_seqlen, *x.shape[1:]))
+    out.index_copy_(0, p.seq_indices, x)
+    return out.view(p.num_seqs, p.max_seqlen, *x.shape[1:])
+
+
+def from_sequences(x: torch.Tensor, p: Packing) -> torch.Tensor:
+    """[S, max_seqlen, ...] -> [N, ...]: the inverse of `to_sequences`."""
+    return x.flatten(0, 1).index_select(0, p.seq_indices)

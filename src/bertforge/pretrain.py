@@ -268,7 +268,8 @@ def run_pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     make = lambda docs: PretrainingExamples(shards, docs, tokenizer, cfg.seq_len, cfg.objective,  # noqa: E731
                                             cfg.short_seq_prob, cfg.seed)
     collator = MaskingCollator(tokenizer, cfg.seq_len, MaskingConfig(cfg.masked_lm_prob, cfg.mask_prob,
-                                                                      cfg.random_prob, cfg.max_predictions, cfg.wwm))
+                                                                      cfg.random_prob, cfg.max_predictions, cfg.wwm),
+                               pack_to=cfg.seq_len if cfg.pack else None)
     task = PretrainingTask(make(train_docs), make(eval_docs) if len(eval_docs) >= 2 else None, collator,
                            cfg.batch_size, cfg.seed, cfg.eval_batches)
     train_cfg = TrainConfig(**{f.name: getattr(cfg, f.name) for f in fields(TrainConfig)})
@@ -276,7 +277,7 @@ def run_pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "lr": cfg.lr, "warmup": cfg.warmup,
                 "weight_decay": cfg.weight_decay, "optimizer": cfg.optimizer, "seed": cfg.seed, "wwm": cfg.wwm,
                 "masking": [cfg.masked_lm_prob, cfg.mask_prob, cfg.random_prob, cfg.max_predictions],
-                "world_size": dist.world_size(), "precision": cfg.precision, "data": tokenizer_fingerprint(tokenizer),
+                "world_size": dist.world_size(), "precision": cfg.precision, "pack": cfg.pack, "data": tokenizer_fingerprint(tokenizer),
                 "data_tokens": shards.num_tokens}
     if dist.is_main():
         print(f"data: {shards.num_documents:,} documents, {shards.num_tokens:,} tokens; "

@@ -2,7 +2,7 @@
 
 Every task works on pre-tokenised features (dicts of `input_ids`, `token_type_ids` and a
 label). `FeatureTask` shuffles them per epoch by (seed, epoch), pads each batch to its
-longest row, and predicts in length-sorted batches; the subclasses only turn predictions
+longest row (or packs it, see `data/batching.py`), and predicts in length-sorted batches; the subclasses only turn predictions
 into their metric. QA's features and post-processing live in `data/qa.py`.
 """
 
@@ -13,33 +13,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .data.batching import collate
 from .heads import IGNORE_INDEX
 from .metrics import classification_metrics, entity_metrics, regression_metrics
-
-
-def collate(features: list[dict], pad_id: int, label_key: str = "labels") -> dict[str, torch.Tensor]:
-    """Pad a list of features to their longest row. Scalar labels stack; list labels pad with -100."""
-    T = max(len(f["input_ids"]) for f in features)
-    B = len(features)
-    ids = np.full((B, T), pad_id, dtype=np.int64)
-    types = np.zeros((B, T), dtype=np.int64)
-    mask = np.zeros((B, T), dtype=np.int64)
-    for i, f in enumerate(features):
-        n = len(f["input_ids"])
-        ids[i, :n], types[i, :n], mask[i, :n] = f["input_ids"], f["token_type_ids"], 1
-    batch = {"input_ids": torch.from_numpy(ids), "token_type_ids": torch.from_numpy(types),
-             "attention_mask": torch.from_numpy(mask)}
-    for key in ("labels", "start_positions", "end_positions"):
-        if key in features[0] and features[0][key] is not None:
-            values = [f[key] for f in features]
-            if isinstance(values[0], list):
-                padded = np.full((B, T), IGNORE_INDEX, dtype=np.int64)
-                for i, v in enumerate(values):
-                    padded[i, :len(v)] = v
-                batch[key] = torch.from_numpy(padded)
-            else:
-                batch[key] = torch.tensor(values, dtype=torch.float32 if isinstance(values[0], float) else torch.long)
-    return batch
 
 
 class FeatureTask:
@@ -48,9 +24,11 @@ class FeatureTask:
     main_metric = "loss"
     greater_is_better = True
 
-    def __init__(self, train: list[dict], dev: list[dict], batch_size: int, seed: int, pad_id: int) -> None:
+    def __init__(self, train: list[dict], dev: list[dict], batch_size: int, seed: int, pad_id: int,
+                 pack_to: int | None = None) -> None:
         self.train, self.dev = train, dev
         self.batch_size, self.seed, self.pad_id = batch_size, seed, pad_id
+        self.pack_to = pack_to  # training batches keep batch_size examples, packed into rows of this many tokens
         self._order: tuple[int, np.ndarray] | None = None
 
     def micro_batches_per_epoch(self, epoch: int) -> int:
@@ -60,7 +38,7 @@ class FeatureTask:
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, np.random.default_rng([self.seed, 23, epoch]).permutation(len(self.train)))
         rows = self._order[1][index * self.batch_size:(index + 1) * self.batch_size]
-        return collate([self.train[int(r)] for r in rows], self.pad_id)
+        return collate([self.train[int(r)] for r in rows], self.pad_id, self.pack_to)
 
     def loss(self, model, batch):
         return model(**batch).loss, {}

@@ -76,6 +76,7 @@ class TrainConfig:
     patience: int | None = None  # stop after this many evaluations without improvement
     precision: str = "fp32"  # fp32 | bf16 (autocast; bf16 is the CUDA choice)
     compile: bool = False  # torch.compile the model
+    pack: bool = False  # pack several examples per row (block-diagonal attention); same loss, fewer rows
     seed: int = 0
     progress: bool = True  # show a progress bar
 
@@ -91,6 +92,9 @@ class TrainConfig:
             raise BertforgeError(f"--optimizer must be adamw or lamb, not {self.optimizer!r}")
         if self.precision not in ("fp32", "bf16"):
             raise BertforgeError(f"--precision must be fp32 or bf16, not {self.precision!r}")
+        if self.pack and self.compile:
+            raise BertforgeError("--pack and --compile cannot be combined: packed rows are found from the data, "
+                                 "which a compiled graph cannot look at")
         if self.max_steps is None and self.epochs is None and self.time_budget is None:
             raise BertforgeError("give a stopping rule: --max-steps, --epochs or --time-budget")
         for name in ("max_steps", "epochs", "time_budget", "eval_every", "save_every"):

@@ -33,6 +33,7 @@ import torch
 
 from ..heads import IGNORE_INDEX
 from ..tokenizer import Tokenizer
+from .batching import collate
 from .shards import TokenShards
 
 # Columns of an NSP instance row.
@@ -138,8 +139,10 @@ class MaskingCollator:
     the original ids there and -100 elsewhere.
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_seq_len: int, config: MaskingConfig | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_seq_len: int, config: MaskingConfig | None = None,
+                 pack_to: int | None = None) -> None:
         self.config = config or MaskingConfig()
+        self.pack_to = pack_to  # pack the examples into rows of this many tokens (None: one per row)
         self.vocab_size = tokenizer.vocab_size
         self.mask_id = tokenizer.mask_token_id
         self.pad_id = tokenizer.pad_token_id
@@ -174,36 +177,27 @@ class MaskingCollator:
         return np.sort(np.array(chosen, dtype=np.int64))
 
     def __call__(self, examples: list[dict], rng: np.random.Generator) -> dict[str, torch.Tensor]:
-        """examples: dicts with `input_ids` (int array) and optionally `token_type_ids`, `next_sentence_label`."""
-        T = max(len(e["input_ids"]) for e in examples)
-        B = len(examples)
-        input_ids = np.full((B, T), self.pad_id, dtype=np.int64)
-        token_type_ids = np.zeros((B, T), dtype=np.int64)
-        attention_mask = np.zeros((B, T), dtype=np.int64)
-        labels = np.full((B, T), IGNORE_INDEX, dtype=np.int64)
-        for row, example in enumerate(examples):
+        """examples: dicts with `input_ids` (int array) and optionally `token_type_ids`, `next_sentence_label`.
+
+        Returns a padded batch (or packed, with `pack_to`; see `batching.collate`) with MLM `labels`.
+        """
+        features = []
+        for example in examples:
             ids = np.asarray(example["input_ids"], dtype=np.int64)
-            n = len(ids)
-            attention_mask[row, :n] = 1
-            if "token_type_ids" in example:
-                token_type_ids[row, :n] = example["token_type_ids"]
             positions = self._choose(ids, rng)
-            labels[row, positions] = ids[positions]
+            labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int64)
+            labels[positions] = ids[positions]
             roll = rng.random(len(positions))
             masked = ids.copy()
             masked[positions[roll < self.config.mask_prob]] = self.mask_id
             random_at = positions[(roll >= self.config.mask_prob) & (roll < self.config.mask_prob + self.config.random_prob)]
             masked[random_at] = rng.integers(0, self.vocab_size, len(random_at))
-            input_ids[row, :n] = masked
-        batch = {
-            "input_ids": torch.from_numpy(input_ids),
-            "token_type_ids": torch.from_numpy(token_type_ids),
-            "attention_mask": torch.from_numpy(attention_mask),
-            "labels": torch.from_numpy(labels),
-        }
-        if "next_sentence_label" in examples[0]:
-            batch["next_sentence_label"] = torch.tensor([e["next_sentence_label"] for e in examples], dtype=torch.long)
-        return batch
+            feature = {"input_ids": masked, "token_type_ids": example.get("token_type_ids", np.zeros_like(ids)),
+                       "labels": labels}
+            if "next_sentence_label" in example:
+                feature["next_sentence_label"] = example["next_sentence_label"]
+            features.append(feature)
+        return collate(features, self.pad_id, self.pack_to)
 
 
 class PretrainingExamples:
