@@ -28,6 +28,32 @@ def length_batches(lengths: list[int], batch_size: int) -> Iterator[list[int]]:
         yield order[start:start + batch_size]
 
 
+def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
+    """Compile the encoder (the backbone's forward) with TorchInductor, for inference only.
+
+    Batch and sequence axes are dynamic, so one compilation serves every batch shape, and
+    the weights are frozen into the graph as constants, which lets Inductor pre-pack them
+    for oneDNN and fuse the bias, GELU, residual and LayerNorm passes. On this 2-core CPU
+    that is ~1.2x the eager encoder after a one-off compile of ~20 s, so it pays for files
+    and servers, not for a handful of texts. Frozen weights ignore later updates: never
+    train a model after this. Returns the same model object.
+    """
+    import torch._inductor.config as inductor_config
+
+    backbone = getattr(model, "bert", model)
+    backbone.eval()
+    compiled = torch.compile(backbone.forward, dynamic=True)
+
+    def forward(*args, **kwargs):
+        # Freezing is an Inductor setting; patching it per call keeps it off for any other
+        # compilation in the process (training must never freeze its weights).
+        with inductor_config.patch(freezing=True):
+            return compiled(*args, **kwargs)
+
+    backbone.forward = forward
+    return model
+
+
 def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 

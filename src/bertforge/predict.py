@@ -44,7 +44,8 @@ def _text_of(item: Any, index: int) -> tuple[str, str | None]:
 def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, targets: list[str] | None = None,
                 joint: bool = False, aggregation: str = "first", pooling: str | None = None,
                 normalize: bool | None = None, against: list[str] | None = None, batch_size: int = 32,
-                null_threshold: float | None = None, progress: bool = False) -> Iterator[dict]:
+                null_threshold: float | None = None, progress: bool = False,
+                compile: bool = False) -> Iterator[dict]:
     from . import pipelines
     from .tokenizer import Tokenizer
 
@@ -52,6 +53,8 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
         raise InputError(f"unknown task {task!r}; use one of {', '.join(TASKS)}")
     model = load_for(task, model_dir)
     tokenizer = Tokenizer.from_pretrained(model_dir)
+    if compile:
+        pipelines.compile_for_inference(model)
 
     if task == "qa":
         items = [i if isinstance(i, dict) else {} for i in inputs]
