@@ -1,0 +1,286 @@
+"""The speed suite: every side-by-side speed measurement in one command.
+
+    python -m benchmarks.run [--sections pretrain,memory,finetune,inference] [--steps 10] [--repeats 3]
+
+(a) pretraining real tokens/s, `mini` and `base` at seq 128 on ragged WikiText-2 pairs,
+    against transformers.BertForPreTraining (steps alternate in one process; see
+    pretrain_throughput.py);
+(b) fine-tuning on SST-2 (first 2,000 training rows, one epoch, then the 872 dev
+    sentences), bertforge's trainer with and without --pack against the transformers Trainer;
+(c) inference on SST-2 dev with all-MiniLM-L6-v2 (see inference.py);
+(d) model FLOPs utilisation against a 2048^3 fp32 matmul timed in this run;
+(e) peak training memory: each library trains in a fresh subprocess (the same batches;
+    transformers is imported in both so the baseline is the same) and reports its peak
+    resident memory during steady-state steps above its resident memory before the model
+    was built.
+
+It prints ratios, writes benchmarks/results/suite.json and rewrites the table between the
+`suite` markers in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .common import DATA, ROOT, machine, median, minilm_dir, need, save
+from .inference import matmul_peak
+
+TARGETS = {"pretrain_mini": 4.0, "pretrain_base": 1.75, "mfu_base": 0.55, "sorted_vs_hf": 1.2, "sorted_vs_ort": 1.0,
+           "file_order_vs_hf": 2.0, "int8_vs_ort": 1.5, "memory": 1.0}
+
+
+def pretrain_flops(config, batch: dict) -> float:
+    """Training FLOPs of one batch's useful work: 3 x the forward of the real tokens, the
+    attention over each real sequence, and the MLM decoder on the masked positions only."""
+    L, H, F, V = config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.vocab_size
+    lengths = batch["attention_mask"].sum(1).double()
+    masked = float((batch["labels"] != -100).sum())
+    forward = (2 * L * (4 * H * H + 2 * H * F) * float(lengths.sum()) + float((4 * L * H * lengths ** 2).sum())
+               + 2 * masked * (H * H + H * V))
+    return 3 * forward
+
+
+def section_pretrain(args, result: dict, peak: float) -> None:
+    import transformers
+
+    from bertforge import BertConfig, Tokenizer
+    from bertforge.data.pretraining import MaskingCollator
+
+    from .pretrain_throughput import pair_examples, run_size
+
+    tokenizer = Tokenizer.from_pretrained(minilm_dir())
+    hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(minilm_dir())
+    examples = pair_examples(tokenizer, 128, (2 + args.steps) * 16)
+    out = {}
+    for size in ("mini", "base"):
+        r = run_size(size, examples, tokenizer, hf_tokenizer, args.steps, 16, 2)
+        config = BertConfig.from_preset(size, vocab_size=tokenizer.vocab_size)
+        collate = MaskingCollator(tokenizer, 128)
+        rng = np.random.default_rng(0)
+        flops = median([pretrain_flops(config, collate(examples[i * 16:(i + 1) * 16], rng))
+                        for i in range(2, 2 + args.steps)])
+        for lib in ("bertforge", "transformers"):
+            r[lib]["mfu"] = flops / r[lib]["median_step_s"] / 1e9 / peak
+        out[size] = r
+        print(f"pretrain {size}: bertforge {r['bertforge']['real_tokens_per_s']:.0f} real tok/s, transformers "
+              f"{r['transformers']['real_tokens_per_s']:.0f} -> {r['ratio_real_tokens_per_s']:.2f}x; "
+              f"MFU {r['bertforge']['mfu']:.0%} vs {r['transformers']['mfu']:.0%}", flush=True)
+    result["pretrain"] = out
+
+
+def rss_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def memory_probe(lib: str, size: str, batches_file: str, steps: int) -> None:
+    """Child process: train `lib`'s BertForPreTraining on the saved batches; print peak MB above the baseline."""
+    import transformers  # imported by both libraries' probes, so their baselines match
+
+    from bertforge import BertConfig, BertForPreTraining
+
+    batches = [{k: torch.tensor(v) for k, v in b.items()} for b in json.loads(Path(batches_file).read_text())]
+    baseline = rss_mb("VmRSS")
+    config = BertConfig.from_preset(size, vocab_size=30522)
+    if lib == "bertforge":
+        model = BertForPreTraining(config)
+    else:
+        hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
+                                               if k not in ("id2label", "label2id")}, attn_implementation="sdpa")
+        model = transformers.BertForPreTraining(hf_config)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for i in range(steps):
+        if i == 2:  # steady state from here: optimizer state exists; reset the kernel's peak-RSS mark
+            Path("/proc/self/clear_refs").write_text("5")
+        model(**batches[i % len(batches)]).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    print(json.dumps({"peak_mb": rss_mb("VmHWM") - baseline}))
+
+
+def section_memory(args, result: dict) -> None:
+    from bertforge import Tokenizer
+    from bertforge.data.pretraining import MaskingCollator
+
+    from .pretrain_throughput import pair_examples
+
+    tokenizer = Tokenizer.from_pretrained(minilm_dir())
+    examples = pair_examples(tokenizer, 128, 6 * 16, seed=1)
+    collate = MaskingCollator(tokenizer, 128)
+    rng = np.random.default_rng(1)
+    batches = [{k: v.tolist() for k, v in collate(examples[i * 16:(i + 1) * 16], rng).items()} for i in range(6)]
+    path = Path(tempfile.mkdtemp(prefix="bf-memory-")) / "batches.json"
+    path.write_text(json.dumps(batches))
+    out = {}
+    for size in ("mini", "base"):
+        row = {}
+        for lib in ("bertforge", "transformers"):
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--memory-probe", lib, size, str(path)],
+                                  capture_output=True, text=True, cwd=ROOT, check=True)
+            row[lib] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_mb"]
+        row["ratio"] = row["bertforge"] / row["transformers"]
+        out[size] = row
+        print(f"memory {size}: bertforge {row['bertforge']:.0f} MB, transformers {row['transformers']:.0f} MB "
+              f"-> {row['ratio']:.2f}x", flush=True)
+    result["memory"] = out
+
+
+def section_finetune(args, result: dict) -> None:
+    from bertforge.finetune import FinetuneConfig, run_finetune
+
+    from .finetune_vs_trainer import run_trainer, subset
+
+    work = Path(tempfile.mkdtemp(prefix="bf-suite-ft-"))
+    rows = 2000
+    train = subset(need(DATA / "glue/SST-2/train.tsv"), work / "train.tsv", rows)
+    dev = need(DATA / "glue/SST-2/dev.tsv")
+    common = dict(task="classify", model=str(minilm_dir()), train=str(train), dev=str(dev), seed=1, lr=5e-5,
+                  epochs=1, batch_size=32, seq_len=128, warmup=0.1, progress=False)
+    seconds = {}
+    for name, extra in (("bertforge", {}), ("bertforge_pack", {"pack": True})):
+        start = time.perf_counter()
+        ours = run_finetune(FinetuneConfig(**common, **extra, out=str(work / name)))
+        seconds[name] = (time.perf_counter() - start, ours["accuracy"])
+    theirs, hf_seconds = run_trainer(FinetuneConfig(**common, out=str(work / "hf")), str(train), str(dev), work / "hf")
+    seconds["transformers_trainer"] = (hf_seconds, theirs["accuracy"])
+    out = {"train_rows": rows, "epochs": 1, "batch_size": 32, "eval_rows": 872}
+    for name, (s, acc) in seconds.items():
+        out[name] = {"wall_s": s, "train_examples_per_s": rows / s, "dev_accuracy": acc}
+    out["ratio"] = seconds["transformers_trainer"][0] / seconds["bertforge"][0]
+    out["ratio_pack"] = seconds["transformers_trainer"][0] / seconds["bertforge_pack"][0]
+    print(f"finetune sst2: bertforge {seconds['bertforge'][0]:.0f} s (pack {seconds['bertforge_pack'][0]:.0f} s), "
+          f"Trainer {hf_seconds:.0f} s -> {out['ratio']:.2f}x", flush=True)
+    result["finetune"] = out
+
+
+def section_inference(args, result: dict) -> None:
+    from .inference import measure
+
+    r = measure(args.repeats, args.classifier)
+    result["inference"] = r
+    print(f"inference: sorted {r['sorted_ratios']['bertforge_vs_best_transformers']:.2f}x best transformers, "
+          f"{r['sorted_ratios']['bertforge_vs_onnxruntime_fp32']:.2f}x ORT fp32; file order "
+          f"{r['file_order_sentences_per_s']['ratio']:.2f}x", flush=True)
+
+
+def table(result: dict) -> str:
+    """README's performance table, generated from a suite result."""
+    rows = ["| Measure | bertforge | Competitor | Ratio | Target |", "|---|---:|---:|---:|---:|"]
+
+    def row(name, ours, theirs, ratio, target):
+        rows.append(f"| {name} | {ours} | {theirs} | {ratio} | {target} |")
+
+    p = result.get("pretrain")
+    if p:
+        for size, target in (("mini", TARGETS["pretrain_mini"]), ("base", TARGETS["pretrain_base"])):
+            r = p[size]
+            row(f"Pretraining `{size}`, real tokens/s (B=16, T=128, WikiText-2 pairs)",
+                f"{r['bertforge']['real_tokens_per_s']:,.0f}",
+                f"{r['transformers']['real_tokens_per_s']:,.0f} (BertForPreTraining)",
+                f"{r['ratio_real_tokens_per_s']:.2f}×", f"≥ {target}×")
+        row("Pretraining `base`, model FLOPs utilisation", f"{p['base']['bertforge']['mfu']:.0%}",
+            f"{p['base']['transformers']['mfu']:.0%}", "", f"≥ {TARGETS['mfu_base']:.0%}")
+    m = result.get("memory")
+    if m:
+        for size in ("mini", "base"):
+            row(f"Peak training memory `{size}`, MB above baseline", f"{m[size]['bertforge']:,.0f}",
+                f"{m[size]['transformers']:,.0f}", f"{m[size]['ratio']:.2f}×", "≤ 1.0×")
+    f = result.get("finetune")
+    if f:
+        row("Fine-tuning SST-2 (2,000 rows, 1 epoch + dev eval), examples/s",
+            f"{f['bertforge']['train_examples_per_s']:.1f}",
+            f"{f['transformers_trainer']['train_examples_per_s']:.1f} (Trainer)", f"{f['ratio']:.2f}×", "")
+        row("… with `--pack`", f"{f['bertforge_pack']['train_examples_per_s']:.1f}",
+            f"{f['transformers_trainer']['train_examples_per_s']:.1f} (Trainer)", f"{f['ratio_pack']:.2f}×", "")
+    i = result.get("inference")
+    if i:
+        s = i["sorted_sentences_per_s"]
+        best = max(s["transformers_eager"], s["transformers_sdpa"])
+        row("Inference, sorted batches of 32, sentences/s", f"{s['bertforge']:.0f}",
+            f"{best:.0f} (best of transformers eager/sdpa)",
+            f"{i['sorted_ratios']['bertforge_vs_best_transformers']:.2f}×", f"≥ {TARGETS['sorted_vs_hf']}×")
+        row("… against ONNX Runtime fp32", f"{s['bertforge']:.0f}", f"{s['onnxruntime_fp32']:.0f}",
+            f"{i['sorted_ratios']['bertforge_vs_onnxruntime_fp32']:.2f}×", f"≥ {TARGETS['sorted_vs_ort']}×")
+        row(f"… encoder compiled (`--compile`, one-off {i['compile_s']:.0f} s)", f"{s['bertforge_compiled']:.0f}",
+            f"{best:.0f} (transformers) / {s['onnxruntime_fp32']:.0f} (ORT)",
+            f"{i['sorted_ratios']['compiled_vs_best_transformers']:.2f}× / "
+            f"{i['sorted_ratios']['compiled_vs_onnxruntime_fp32']:.2f}×", "")
+        fo = i["file_order_sentences_per_s"]
+        row("`embed` pipeline in file order, sentences/s", f"{fo['bertforge_embed_pipeline']:.0f}",
+            f"{fo['transformers_sdpa']:.0f} (transformers, file order)", f"{fo['ratio']:.2f}×",
+            f"≥ {TARGETS['file_order_vs_hf']}×")
+        row("… encoder compiled (`--compile`)", f"{fo['bertforge_embed_pipeline_compiled']:.0f}",
+            f"{fo['transformers_sdpa']:.0f}", f"{fo['ratio_compiled']:.2f}×", f"≥ {TARGETS['file_order_vs_hf']}×")
+        row("ONNX int8 (our export) vs ONNX Runtime fp32, sentences/s", f"{s['onnxruntime_int8']:.0f}",
+            f"{s['onnxruntime_fp32']:.0f}", f"{i['sorted_ratios']['int8_vs_onnxruntime_fp32']:.2f}×",
+            f"≥ {TARGETS['int8_vs_ort']}×")
+        if "sst2_accuracy" in i:
+            a = i["sst2_accuracy"]
+            row("… int8 SST-2 dev accuracy (fine-tuned MiniLM)", f"{a['onnx_int8']:.2%}", f"{a['onnx_fp32']:.2%} (fp32)",
+                f"{(a['onnx_int8'] - a['onnx_fp32']) * 100:+.2f} points", "≥ −1 point")
+        mfu = i["mfu_sorted"]
+        row("Inference model FLOPs utilisation (real tokens)", f"{mfu['bertforge']:.0%} ({mfu['bertforge_compiled']:.0%} compiled)",
+            f"{max(mfu['transformers_eager'], mfu['transformers_sdpa']):.0%} / {mfu['onnxruntime_fp32']:.0%} (ORT)",
+            "", "")
+    lines = [f"Machine: {result['machine']}; fp32 matmul peak measured in the run: "
+             f"{result['matmul_peak_gflops']:.0f} GFLOP/s. Command: `{result['command']}` "
+             f"({result['wall_s'] / 60:.0f} min). Medians throughout.", "", *rows]
+    return "\n".join(lines)
+
+
+def update_readme(text: str) -> None:
+    readme = ROOT / "README.md"
+    content = readme.read_text(encoding="utf-8")
+    begin, end = "<!-- suite:begin -->", "<!-- suite:end -->"
+    if begin not in content:
+        print("README has no suite markers; table not written", file=sys.stderr)
+        return
+    head, rest = content.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    readme.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sections", default="pretrain,memory,finetune,inference")
+    parser.add_argument("--steps", type=int, default=10, help="timed pretraining steps per size")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes over SST-2 dev per runner")
+    parser.add_argument("--classifier", help="an SST-2 fine-tuned checkpoint, for the int8 accuracy change")
+    parser.add_argument("--memory-probe", nargs=3, metavar=("LIB", "SIZE", "BATCHES"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-readme", action="store_true", help="do not rewrite README's table")
+    args = parser.parse_args()
+    if args.memory_probe:
+        memory_probe(*args.memory_probe, steps=6)
+        return
+    start = time.perf_counter()
+    sections = args.sections.split(",")
+    command = "python -m benchmarks.run" + (f" --sections {args.sections}" if args.sections != parser.get_default("sections") else "")
+    command += " --classifier DIR" if args.classifier else ""
+    peak = max(matmul_peak() for _ in range(3))
+    result = {"machine": machine(), "command": command, "classifier": args.classifier, "matmul_peak_gflops": peak,
+              "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+    for name in sections:
+        globals()[f"section_{name}"](args, result)
+    result["wall_s"] = time.perf_counter() - start
+    text = table(result)
+    print(text)
+    print("saved", save("suite", result))
+    if not args.no_readme and set(sections) == set(parser.get_default("sections").split(",")):
+        update_readme(text)
+
+
+if __name__ == "__main__":
+    main()
