@@ -121,15 +121,18 @@ def main() -> None:
     parser.add_argument("--stsb-train", type=int, default=2000)
     parser.add_argument("--conll-train", type=int, default=2000)
     parser.add_argument("--squad-paragraphs", type=int, default=3, help="paragraphs per training article")
+    parser.add_argument("--model", help="a checkpoint directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--label", help="with --model: results are stored under TASK@LABEL (default: the directory's name)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bf-finetune-"))
     seeds = [int(s) for s in args.seeds.split(",")]
     previous = RESULTS / "finetune_vs_trainer.json"  # tasks run separately accumulate in one file
     result = json.loads(previous.read_text()) if previous.exists() else {}
     result.update({"machine": machine(), "model": "all-MiniLM-L6-v2", "transformers": transformers.__version__})
+    model_dir = Path(args.model) if args.model else minilm_dir()
     command = (f"python -m benchmarks.finetune_vs_trainer --tasks {args.tasks} --seeds {args.seeds} "
                f"--sst2-train {args.sst2_train} --stsb-train {args.stsb_train} --conll-train {args.conll_train} "
-               f"--squad-paragraphs {args.squad_paragraphs}")
+               f"--squad-paragraphs {args.squad_paragraphs}" + (f" --model DIR --label {args.label}" if args.model else ""))
     for name in args.tasks.split(","):
         kind, train_rel, eval_rel, hyper, metric = TASKS[name]
         if kind == "qa":
@@ -143,7 +146,7 @@ def main() -> None:
             size = f"first {rows} {'sentences' if kind == 'ner' else 'rows'}"
         runs = {"bertforge": [], "transformers": []}
         for seed in seeds:
-            cfg = FinetuneConfig(task=kind, model=str(minilm_dir()), train=str(train_path), dev=str(eval_path),
+            cfg = FinetuneConfig(task=kind, model=str(model_dir), train=str(train_path), dev=str(eval_path),
                                  out=str(work / f"{name}-bf-{seed}"), seed=seed, warmup=0.1, progress=False,
                                  **hyper)
             start = time.perf_counter()
@@ -158,7 +161,9 @@ def main() -> None:
             scores = [r[metric] for r in values]
             summary[lib] = {"mean": statistics.mean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                             "wall_s_mean": statistics.mean(r["wall_s"] for r in values), "runs": values}
-        result[name] = summary
+        label = args.label or model_dir.name
+        summary["model"] = label if args.model else "all-MiniLM-L6-v2"
+        result[f"{name}@{label}" if args.model else name] = summary
         save("finetune_vs_trainer", result)
     print(json.dumps({k: v for k, v in result.items()}, indent=1, default=str)[:4000])
 
