@@ -68,17 +68,17 @@ def packing(attention_mask: torch.Tensor, starts: torch.Tensor | None = None) ->
     B, T = attention_mask.shape
     real = attention_mask.bool()
     indices = real.flatten().nonzero().squeeze(1)
-    if starts is None:
+    if starts is None:  # one sequence per non-empty row
         lengths = real.sum(1)
         lengths = lengths[lengths > 0]
-    else:
+        seq_of_token = torch.repeat_interleave(torch.arange(lengths.numel(), device=real.device), lengths)  # (N,)
+    else:  # a new sequence at every example start
         seq_of_token = torch.cumsum(starts.flatten()[indices].long(), 0) - 1  # (N,)
         lengths = torch.bincount(seq_of_token)
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=attention_mask.device)
     cu[1:] = torch.cumsum(lengths, 0)
     max_seqlen = int(lengths.max())
     # Token j of sequence s sits at s * max_seqlen + (j - cu[s]) in the attention layout.
-    seq_of_token = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device), lengths)
     offsets = torch.arange(indices.numel(), device=cu.device) - cu[:-1].long()[seq_of_token]
     key_mask = None
     if bool((lengths != max_seqlen).any()):
