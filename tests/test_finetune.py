@@ -173,3 +173,14 @@ def test_finetune_ner(tmp_path, tiny_checkpoint):
     result = run("finetune", "ner", "--model", str(tiny_checkpoint), "--train", str(bad), "--dev", str(dev),
                  "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "bad.txt:2: 3 columns where the file has 2" in result.stderr
+
+
+def test_every_training_example_is_seen_each_epoch():
+    """10 examples in batches of 4: three micro-batches (4, 4, 2), each example exactly once."""
+    from bertforge.tasks import FeatureTask
+
+    train = [{"input_ids": [2, 10 + i, 3], "token_type_ids": [0, 0, 0], "labels": i % 2} for i in range(10)]
+    task = FeatureTask(train, [], batch_size=4, seed=0, pad_id=0)
+    assert task.micro_batches_per_epoch(0) == 3
+    seen = [int(t) for i in range(3) for t in task.micro_batch(0, i)["input_ids"][:, 1]]
+    assert sorted(seen) == list(range(10, 20))

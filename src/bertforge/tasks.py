@@ -32,7 +32,8 @@ class FeatureTask:
         self._order: tuple[int, np.ndarray] | None = None
 
     def micro_batches_per_epoch(self, epoch: int) -> int:
-        return len(self.train) // self.batch_size
+        # The last, smaller batch is kept, as transformers' Trainer keeps it: every example counts.
+        return -(-len(self.train) // self.batch_size)
 
     def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
         if self._order is None or self._order[0] != epoch:
