@@ -144,7 +144,19 @@ def main() -> None:
                                 conll=kind == "ner")
             eval_path = need(DATA / eval_rel)
             size = f"first {rows} {'sentences' if kind == 'ner' else 'rows'}"
+        label = args.label or model_dir.name
+        key = f"{name}@{label}" if args.model else name
         runs = {"bertforge": [], "transformers": []}
+        done: list[int] = []
+        previous = result.get(key)
+        if previous and previous["train"] == size and previous["hyper"] == hyper:
+            # Seeds measured earlier with the same data and settings are kept, so a long task
+            # can gain seeds one invocation at a time; a seed given again is re-measured.
+            for i, seed in enumerate(previous["seeds"]):
+                if seed not in seeds:
+                    done.append(seed)
+                    for lib in runs:
+                        runs[lib].append(previous[lib]["runs"][i])
         for seed in seeds:
             cfg = FinetuneConfig(task=kind, model=str(model_dir), train=str(train_path), dev=str(eval_path),
                                  out=str(work / f"{name}-bf-{seed}"), seed=seed, warmup=0.1, progress=False,
@@ -156,14 +168,14 @@ def main() -> None:
             runs["transformers"].append({**theirs, "wall_s": seconds})
             print(name, seed, "bertforge", ours[metric], "transformers", theirs[metric], flush=True)
         summary = {"task": kind, "train": size, "eval": eval_rel or "SQuAD dev articles 39-48", "metric": metric,
-                   "hyper": hyper, "seeds": seeds, "command": command}
+                   "hyper": hyper, "seeds": done + seeds,
+                   "command": command if not done else f"{previous['command']} ; {command}"}
         for lib, values in runs.items():
             scores = [r[metric] for r in values]
             summary[lib] = {"mean": statistics.mean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                             "wall_s_mean": statistics.mean(r["wall_s"] for r in values), "runs": values}
-        label = args.label or model_dir.name
         summary["model"] = label if args.model else "all-MiniLM-L6-v2"
-        result[f"{name}@{label}" if args.model else name] = summary
+        result[key] = summary
         save("finetune_vs_trainer", result)
     print(json.dumps({k: v for k, v in result.items()}, indent=1, default=str)[:4000])
 
