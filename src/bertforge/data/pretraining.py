@@ -192,10 +192,10 @@ class MaskingCollator:
             masked[positions[roll < self.config.mask_prob]] = self.mask_id
             random_at = positions[(roll >= self.config.mask_prob) & (roll < self.config.mask_prob + self.config.random_prob)]
             masked[random_at] = rng.integers(0, self.vocab_size, len(random_at))
-            feature = {"input_ids": masked, "token_type_ids": example.get("token_type_ids", np.zeros_like(ids)),
-                       "labels": labels}
-            if "next_sentence_label" in example:
-                feature["next_sentence_label"] = example["next_sentence_label"]
+            feature = {"input_ids": masked, "labels": labels}
+            for key in ("token_type_ids", "next_sentence_label"):  # collate fills missing segment ids with 0
+                if key in example:
+                    feature[key] = example[key]
             features.append(feature)
         return collate(features, self.pad_id, self.pack_to)
 
