@@ -10,7 +10,7 @@ wall-clock of each run (training plus the per-epoch evaluations).
 
 Training sets are subsets (sizes in the output) so the whole comparison fits a 2-core CPU;
 dev/test sets are complete except SQuAD, where the last 10 of the 48 dev articles are the
-evaluation set and the first 38 the training articles (first paragraphs only, see --squad-paragraphs).
+evaluation set and the first 38 the training articles (all paragraphs with --squad-paragraphs 0).
 
     python -m benchmarks.finetune_vs_trainer [--tasks sst2,stsb,conll,squad] [--seeds 1,2,3]
 """
@@ -61,7 +61,8 @@ def subset(src: Path, dst: Path, rows: int, conll: bool = False) -> Path:
 
 def squad_split(work: Path, paragraphs: int) -> tuple[Path, Path]:
     data = json.loads(need(DATA / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
-    train = {"version": "1.1", "data": [{"title": a["title"], "paragraphs": a["paragraphs"][:paragraphs]}
+    keep = paragraphs or None  # 0: every paragraph
+    train = {"version": "1.1", "data": [{"title": a["title"], "paragraphs": a["paragraphs"][:keep]}
                                         for a in data["data"][:38]]}
     dev = {"version": "1.1", "data": data["data"][38:]}
     (work / "squad-train.json").write_text(json.dumps(train))
@@ -81,28 +82,46 @@ class EpochEval(transformers.TrainerCallback):
         model.train()
 
 
+HF_HEADS = {"classify": "BertForSequenceClassification", "regress": "BertForSequenceClassification",
+            "ner": "BertForTokenClassification", "qa": "BertForQuestionAnswering"}
+FEATURE_KEYS = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")
+
+
+def hf_model(kind: str, path: str, config, **overrides):
+    """transformers' `BertFor…` for a task, from `path`, with bertforge's label set and problem type."""
+    kwargs = {"num_labels": config.num_labels, **overrides}
+    if kind in ("classify", "ner"):
+        kwargs.update(id2label=config.id2label, label2id=config.label2id)
+    if kind == "regress":
+        kwargs["problem_type"] = "regression"
+    return getattr(transformers, HF_HEADS[kind]).from_pretrained(path, **kwargs)
+
+
+def trainer_rows(task) -> list[dict]:
+    """bertforge's training features with only the keys the transformers model takes."""
+    return [{k: f[k] for k in FEATURE_KEYS if k in f} for f in task.train]
+
+
+def training_args(cfg: FinetuneConfig, out: Path) -> transformers.TrainingArguments:
+    """The Trainer's settings matching a bertforge config: AdamW eps 1e-6, decay 0.01, clipping 1.0, linear warmup."""
+    return transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr,
+        num_train_epochs=cfg.epochs, warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=1e-6,
+        max_grad_norm=cfg.max_grad_norm, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no",
+        eval_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
+        disable_tqdm=True)
+
+
 def run_trainer(cfg: FinetuneConfig, train_path: str, eval_path: str, out: Path) -> tuple[dict, float]:
     """The transformers Trainer on bertforge's features for the same task; returns (best metrics, seconds)."""
     torch.manual_seed(cfg.seed)
     tokenizer = Tokenizer.from_pretrained(cfg.model)
     ours, task = build(cfg, tokenizer, train_path, eval_path)
-    head = {"classify": "BertForSequenceClassification", "regress": "BertForSequenceClassification",
-            "ner": "BertForTokenClassification", "qa": "BertForQuestionAnswering"}[cfg.task]
-    kwargs = {"num_labels": ours.config.num_labels}
-    if cfg.task in ("classify", "ner"):
-        kwargs.update(id2label=ours.config.id2label, label2id=ours.config.label2id)
-    if cfg.task == "regress":
-        kwargs["problem_type"] = "regression"
-    model = getattr(transformers, head).from_pretrained(cfg.model, **kwargs)
+    model = hf_model(cfg.task, cfg.model, ours.config)
     from bertforge.tasks import collate
 
-    keys = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")
-    train = [{k: f[k] for k in keys if k in f} for f in task.train]
-    args = transformers.TrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr,
-        num_train_epochs=cfg.epochs, warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=1e-6,
-        max_grad_norm=1.0, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no", eval_strategy="no",
-        logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    train = trainer_rows(task)
+    args = training_args(cfg, out)
     callback = EpochEval(task)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=train, callbacks=[callback],
                                    data_collator=lambda rows: collate(rows, tokenizer.pad_token_id))
@@ -120,7 +139,8 @@ def main() -> None:
     parser.add_argument("--sst2-train", type=int, default=4000)
     parser.add_argument("--stsb-train", type=int, default=2000)
     parser.add_argument("--conll-train", type=int, default=2000)
-    parser.add_argument("--squad-paragraphs", type=int, default=3, help="paragraphs per training article")
+    parser.add_argument("--squad-paragraphs", type=int, default=3, help="paragraphs per training article (0: all)")
+    parser.add_argument("--squad-epochs", type=float, default=2)
     parser.add_argument("--model", help="a checkpoint directory (default: all-MiniLM-L6-v2)")
     parser.add_argument("--label", help="with --model: results are stored under TASK@LABEL (default: the directory's name)")
     args = parser.parse_args()
@@ -132,12 +152,13 @@ def main() -> None:
     model_dir = Path(args.model) if args.model else minilm_dir()
     command = (f"python -m benchmarks.finetune_vs_trainer --tasks {args.tasks} --seeds {args.seeds} "
                f"--sst2-train {args.sst2_train} --stsb-train {args.stsb_train} --conll-train {args.conll_train} "
-               f"--squad-paragraphs {args.squad_paragraphs}" + (f" --model DIR --label {args.label}" if args.model else ""))
+               f"--squad-paragraphs {args.squad_paragraphs} --squad-epochs {args.squad_epochs:g}" + (f" --model DIR --label {args.label}" if args.model else ""))
     for name in args.tasks.split(","):
         kind, train_rel, eval_rel, hyper, metric = TASKS[name]
         if kind == "qa":
             train_path, eval_path = squad_split(work, args.squad_paragraphs)
-            size = f"38 articles x {args.squad_paragraphs} paragraphs"
+            size = f"38 articles x {args.squad_paragraphs or 'all'} paragraphs"
+            hyper = {**hyper, "epochs": args.squad_epochs}
         else:
             rows = getattr(args, f"{name}_train")
             train_path = subset(need(DATA / train_rel), work / f"{name}-train{Path(train_rel).suffix}", rows,
@@ -145,7 +166,8 @@ def main() -> None:
             eval_path = need(DATA / eval_rel)
             size = f"first {rows} {'sentences' if kind == 'ner' else 'rows'}"
         label = args.label or model_dir.name
-        key = f"{name}@{label}" if args.model else name
+        key = f"{name}-full" if kind == "qa" and not args.squad_paragraphs else name  # the issue's split: its own entry
+        key = f"{key}@{label}" if args.model else key
         runs = {"bertforge": [], "transformers": []}
         done: list[int] = []
         previous = result.get(key)

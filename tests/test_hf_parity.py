@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
@@ -99,7 +100,7 @@ def test_bertforge_to_transformers(tmp_path, ours_name, hf_name):
 
 
 def test_losses_match_transformers(tmp_path):
-    """Same loss for the same labels: MLM (masked positions only) + NSP, classification, QA."""
+    """Same loss for the same labels: MLM (masked positions only) + NSP."""
     config = transformers.BertConfig(**TINY)
     hf_model = transformers.BertForPreTraining(config).eval()
     hf_model.save_pretrained(tmp_path)
@@ -113,6 +114,37 @@ def test_losses_match_transformers(tmp_path):
         b = ours(ids, types, mask, labels=labels, next_sentence_label=nsp)
     torch.testing.assert_close(b.loss, a.loss, atol=1e-6, rtol=0)
     assert b.logits.shape == (3, TINY["vocab_size"])  # only the 3 labelled positions were projected
+
+
+def test_qa_loss_matches_transformers_and_leaves_padding_out(tmp_path):
+    """Without padding the span loss is transformers'; with padding it is transformers' logits
+    scored over real tokens only, and a window's loss no longer depends on its batch-mates' length."""
+    config = transformers.BertConfig(**TINY)
+    hf_model = transformers.BertForQuestionAnswering(config).eval()
+    hf_model.save_pretrained(tmp_path)
+    ours = bertforge.BertForQuestionAnswering.from_pretrained(tmp_path).eval()
+    ids, types, mask = batch()
+    start, end = torch.tensor([3, 0, 2]), torch.tensor([5, 0, 40])  # row 0 answers, row 1 has none, row 2's end is out
+    with torch.no_grad():
+        a = hf_model(input_ids=ids[0:1], token_type_ids=types[0:1], attention_mask=mask[0:1],
+                     start_positions=start[0:1], end_positions=end[0:1])
+        b = ours(ids[0:1], types[0:1], mask[0:1], start_positions=start[0:1], end_positions=end[0:1])
+        torch.testing.assert_close(b.loss, a.loss, atol=1e-6, rtol=0)  # row 0 has no padding
+
+        theirs = hf_model(input_ids=ids, token_type_ids=types, attention_mask=mask)
+        pad = mask == 0
+        s = theirs.start_logits.masked_fill(pad, float("-inf"))
+        e = theirs.end_logits.masked_fill(pad, float("-inf"))
+        T = ids.shape[1]
+        expected = (F.cross_entropy(s, start.clamp(0, T), ignore_index=T)
+                    + F.cross_entropy(e, end.clamp(0, T), ignore_index=T)) / 2
+        got = ours(ids, types, mask, start_positions=start, end_positions=end).loss
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+        alone = ours(ids[1:2, :9], types[1:2, :9], mask[1:2, :9], start_positions=start[1:2], end_positions=end[1:2])
+        in_batch = ours(ids[:2], types[:2], mask[:2], start_positions=torch.tensor([0, 0]),
+                        end_positions=torch.tensor([0, 0]))
+        row0 = ours(ids[0:1], types[0:1], mask[0:1], start_positions=torch.tensor([0]), end_positions=torch.tensor([0]))
+        torch.testing.assert_close(in_batch.loss, (row0.loss + alone.loss) / 2, atol=1e-6, rtol=0)
 
 
 def test_backbone_only_checkpoint_into_head_model(tmp_path, caplog):

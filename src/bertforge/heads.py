@@ -275,14 +275,30 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         start_logits, end_logits = logits[..., 0], logits[..., 1]
         loss = None
         if start_positions is not None and end_positions is not None:
-            # Positions beyond the window are clamped to T and ignored, as transformers does.
-            T = start_logits.shape[1]
-            start = start_positions.view(-1).clamp(0, T)
-            end = end_positions.view(-1).clamp(0, T)
-            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=T)
-                    + F.cross_entropy(end_logits.float(), end, ignore_index=T)) / 2
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions, attention_mask)
         return QuestionAnsweringOutput(loss, logits, out.hidden_states, out.attentions,
                                        start_logits=start_logits, end_logits=end_logits)
+
+
+def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
+              end_positions: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of the start and end cross-entropies, each a softmax over the window's real tokens.
+
+    start_logits, end_logits: [B, T]; start_positions, end_positions: long [B]; attention_mask: [B, T].
+    Padding is left out of the softmax. transformers and google-research/bert keep it in:
+    google's windows are all padded to 384, so there it is a constant, but with padding to
+    each batch's longest window the loss of a window would depend on its batch-mates, and
+    bertforge's unpadded path gives padding no hidden state to learn a low score from.
+    Positions beyond the window are clamped to T and ignored, as transformers does.
+    """
+    T = start_logits.shape[1]
+    start, end = start_positions.view(-1).clamp(0, T), end_positions.view(-1).clamp(0, T)
+    start_logits, end_logits = start_logits.float(), end_logits.float()
+    if attention_mask is not None:
+        padding = attention_mask == 0
+        start_logits = start_logits.masked_fill(padding, torch.finfo(torch.float32).min)
+        end_logits = end_logits.masked_fill(padding, torch.finfo(torch.float32).min)
+    return (F.cross_entropy(start_logits, start, ignore_index=T) + F.cross_entropy(end_logits, end, ignore_index=T)) / 2
 
 
 # Every class that `from_pretrained` can build, by the transformers architecture name.

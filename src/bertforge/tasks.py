@@ -35,10 +35,14 @@ class FeatureTask:
         # The last, smaller batch is kept, as transformers' Trainer keeps it: every example counts.
         return -(-len(self.train) // self.batch_size)
 
-    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The training features' order in an epoch: a permutation fixed by (seed, epoch), so resume needs no state."""
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, np.random.default_rng([self.seed, 23, epoch]).permutation(len(self.train)))
-        rows = self._order[1][index * self.batch_size:(index + 1) * self.batch_size]
+        return self._order[1]
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+        rows = self.epoch_order(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
         return collate([self.train[int(r)] for r in rows], self.pad_id, self.pack_to)
 
     def loss(self, model, batch):

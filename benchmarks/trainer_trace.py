@@ -1,0 +1,182 @@
+"""bertforge's training loop against the transformers Trainer, step by step, with the noise taken out.
+
+`finetune_vs_trainer` runs the two libraries as users run them. Each draws its own data
+order and dropout masks, and their warmups differ by one step: bertforge's first step
+already uses 1/warmup of the peak rate, while the Trainer's first step uses a rate of 0. So
+two single runs differ by seed noise, and a gap between means can be noise or a bug.
+
+This script removes all three sources and looks at what is left:
+- dropout is off in both models;
+- both start from the same weights, including the newly initialised head;
+- the Trainer gets bertforge's per-epoch order (a sampler) and learning-rate factor (a LambdaLR);
+- for QA, the Trainer's model is scored with bertforge's span loss, which leaves padding out
+  of the softmax where transformers keeps it in (see `bertforge.heads.span_loss`).
+
+What remains is shared by neither library: the forward pass, the loss, backward, clipping,
+and AdamW with its decay groups (the Trainer builds its own optimizer). If both libraries
+do the same thing, the losses agree at every step up to float round-off. A bug in either
+shows up as a gap that grows.
+
+    python -m benchmarks.trainer_trace [--tasks sst2,stsb,conll,squad] [--rows 512] [--epochs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+import transformers
+
+from bertforge.finetune import FinetuneConfig, build
+from bertforge.heads import span_loss
+from bertforge.tasks import FeatureTask, collate
+from bertforge.tokenizer import Tokenizer
+from bertforge.train import TrainConfig, Trainer
+
+from .common import DATA, minilm_dir, need, save
+from .finetune_vs_trainer import TASKS, hf_model, subset, trainer_rows, training_args
+
+
+def no_dropout(model: torch.nn.Module) -> None:
+    """Dropout off everywhere, including the attention-probability dropout inside SDPA."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "dropout_p"):
+            module.dropout_p = 0.0
+
+
+class EpochOrder(torch.utils.data.Sampler):
+    """Yields a bertforge task's order for epoch 0, then epoch 1, …: one epoch per iteration."""
+
+    def __init__(self, task: FeatureTask) -> None:
+        self.task, self.epoch = task, 0
+
+    def __len__(self) -> int:
+        return len(self.task.train)
+
+    def __iter__(self):
+        order = self.task.epoch_order(self.epoch).tolist()
+        self.epoch += 1
+        return iter(order)
+
+
+class AlignedTrainer(transformers.Trainer):
+    """The Trainer with bertforge's data order and learning-rate factor; it records each step's loss."""
+
+    def __init__(self, *args, task: FeatureTask, lr_factor, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.task, self.lr_factor, self.losses = task, lr_factor, []
+
+    def _get_train_sampler(self, train_dataset=None):
+        return EpochOrder(self.task)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, self.lr_factor)
+        return self.lr_scheduler
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if "start_positions" in inputs:
+            # QA: the one place where bertforge's loss differs by design. It leaves padding out
+            # of the span softmax (see `heads.span_loss`), so the Trainer's model is scored the same way.
+            inputs = dict(inputs)
+            start, end = inputs.pop("start_positions"), inputs.pop("end_positions")
+            outputs = model(**inputs)
+            loss = span_loss(outputs.start_logits, outputs.end_logits, start, end, inputs["attention_mask"])
+            result = (loss, outputs) if return_outputs else loss
+        else:
+            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.losses.append(float((result[0] if return_outputs else result).detach()))
+        return result
+
+
+def trace(cfg: FinetuneConfig, work: Path, evaluate: bool = True) -> dict:
+    """Both libraries from one start, without dropout, on one order and schedule; losses and metrics of each."""
+    torch.manual_seed(cfg.seed)
+    tokenizer = Tokenizer.from_pretrained(cfg.model)
+    model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
+    no_dropout(model)
+    start = work / "start"
+    model.save_pretrained(start, tokenizer=tokenizer)  # the new head's initial weights go to the Trainer too
+
+    train_cfg = TrainConfig(**{f.name: getattr(cfg, f.name) for f in fields(TrainConfig)})
+    train_cfg.out, train_cfg.log_every, train_cfg.save_every = str(work / "bertforge"), 1, None
+    ours = Trainer(model, task, train_cfg)
+    ours.fit()
+    rows = [json.loads(line) for line in (work / "bertforge" / "metrics.jsonl").read_text().splitlines()]
+    bf_losses = [r["loss"] for r in rows if "loss" in r]
+    ours.state["horizon"] = len(bf_losses)  # the schedule's length, for the Trainer's LambdaLR below
+
+    theirs = hf_model(cfg.task, str(start), model.config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    trainer = AlignedTrainer(model=theirs, args=training_args(cfg, work / "transformers"), train_dataset=trainer_rows(task),
+                             data_collator=lambda rows: collate(rows, tokenizer.pad_token_id), task=task,
+                             lr_factor=ours._lr_factor)
+    trainer.train()
+    hf_losses = trainer.losses
+
+    gaps = [abs(a - b) for a, b in zip(bf_losses, hf_losses)]
+    ours_params = {k: v for k, v in model.state_dict().items()}
+    from bertforge.hf import to_hf_state_dict
+
+    mapped = to_hf_state_dict(model)
+    theirs_params = theirs.state_dict()
+    weight_gap = max(float((mapped[k].float() - theirs_params[k].float()).abs().max()) for k in mapped if k in theirs_params)
+    result = {"steps": [len(bf_losses), len(hf_losses)], "bertforge_loss": bf_losses, "transformers_loss": hf_losses,
+              "max_loss_gap": max(gaps), "first_loss_gap": gaps[0], "last_loss_gap": gaps[-1],
+              "max_weight_gap": weight_gap, "compared_weights": sum(k in theirs_params for k in mapped),
+              "weights": len(ours_params)}
+    if evaluate:
+        model.eval(), theirs.eval()
+        result["bertforge_eval"], result["transformers_eval"] = task.evaluate(model), task.evaluate(theirs)
+    return result
+
+
+def squad_slice(work: Path, paragraphs: int, eval_articles: int) -> tuple[Path, Path]:
+    """The first `paragraphs` of each of the 38 training articles, and the first few evaluation articles."""
+    data = json.loads(need(DATA / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
+    train = {"version": "1.1", "data": [{"title": a["title"], "paragraphs": a["paragraphs"][:paragraphs]}
+                                        for a in data["data"][:38]]}
+    dev = {"version": "1.1", "data": data["data"][38:38 + eval_articles]}
+    (work / "train.json").write_text(json.dumps(train))
+    (work / "dev.json").write_text(json.dumps(dev))
+    return work / "train.json", work / "dev.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", default="sst2,stsb,conll,squad")
+    parser.add_argument("--rows", type=int, default=512, help="training rows (sentences for conll)")
+    parser.add_argument("--squad-paragraphs", type=int, default=1)
+    parser.add_argument("--epochs", type=float, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--model", help="a checkpoint directory (default: all-MiniLM-L6-v2)")
+    args = parser.parse_args()
+    model_dir = str(Path(args.model) if args.model else minilm_dir())
+    results = {}
+    for name in args.tasks.split(","):
+        kind, train_rel, eval_rel, hyper, metric = TASKS[name]
+        work = Path(tempfile.mkdtemp(prefix=f"bf-trace-{name}-"))
+        if kind == "qa":
+            train_path, dev_path = squad_slice(work, args.squad_paragraphs, 1)
+        else:
+            train_path = subset(need(DATA / train_rel), work / f"train{Path(train_rel).suffix}", args.rows,
+                                conll=kind == "ner")
+            dev_path = need(DATA / eval_rel)
+        cfg = FinetuneConfig(task=kind, model=model_dir, train=str(train_path), dev=str(dev_path), out=str(work / "out"),
+                             seed=args.seed, warmup=0.1, progress=False, **{**hyper, "epochs": args.epochs})
+        result = trace(cfg, work)
+        results[name] = result
+        print(f"{name}: {result['steps'][0]} steps; loss gap first {result['first_loss_gap']:.2e}, "
+              f"max {result['max_loss_gap']:.2e}, last {result['last_loss_gap']:.2e}; "
+              f"max weight gap {result['max_weight_gap']:.2e}; {metric}: bertforge "
+              f"{result['bertforge_eval'][metric]:.4f}, transformers {result['transformers_eval'][metric]:.4f}",
+              flush=True)
+    save("trainer_trace", {"model": model_dir, "args": vars(args), **results})
+
+
+if __name__ == "__main__":
+    main()
