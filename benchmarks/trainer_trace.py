@@ -37,7 +37,7 @@ from bertforge.tasks import FeatureTask, collate
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import TrainConfig, Trainer
 
-from .common import DATA, minilm_dir, need, save
+from .common import DATA, RESULTS, machine, minilm_dir, need, save
 from .finetune_vs_trainer import TASKS, hf_model, subset, trainer_rows, training_args
 
 
@@ -130,7 +130,8 @@ def trace(cfg: FinetuneConfig, work: Path, evaluate: bool = True) -> dict:
               "max_weight_gap": weight_gap, "compared_weights": sum(k in theirs_params for k in mapped),
               "weights": len(ours_params)}
     if evaluate:
-        model.eval(), theirs.eval()
+        model.eval()
+        theirs.eval()
         result["bertforge_eval"], result["transformers_eval"] = task.evaluate(model), task.evaluate(theirs)
     return result
 
@@ -156,7 +157,9 @@ def main() -> None:
     parser.add_argument("--model", help="a checkpoint directory (default: all-MiniLM-L6-v2)")
     args = parser.parse_args()
     model_dir = str(Path(args.model) if args.model else minilm_dir())
-    results = {}
+    previous = RESULTS / "trainer_trace.json"  # tasks and checkpoints traced separately accumulate in one file
+    results = json.loads(previous.read_text()) if previous.exists() else {}
+    label = Path(args.model).name if args.model else "all-MiniLM-L6-v2"
     for name in args.tasks.split(","):
         kind, train_rel, eval_rel, hyper, metric = TASKS[name]
         work = Path(tempfile.mkdtemp(prefix=f"bf-trace-{name}-"))
@@ -169,13 +172,15 @@ def main() -> None:
         cfg = FinetuneConfig(task=kind, model=model_dir, train=str(train_path), dev=str(dev_path), out=str(work / "out"),
                              seed=args.seed, warmup=0.1, progress=False, **{**hyper, "epochs": args.epochs})
         result = trace(cfg, work)
-        results[name] = result
+        results[f"{name}@{label}"] = {"command": "python -m benchmarks.trainer_trace " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "tasks")
+            + f" --tasks {name}", "machine": machine(), **result}
         print(f"{name}: {result['steps'][0]} steps; loss gap first {result['first_loss_gap']:.2e}, "
               f"max {result['max_loss_gap']:.2e}, last {result['last_loss_gap']:.2e}; "
               f"max weight gap {result['max_weight_gap']:.2e}; {metric}: bertforge "
               f"{result['bertforge_eval'][metric]:.4f}, transformers {result['transformers_eval'][metric]:.4f}",
               flush=True)
-    save("trainer_trace", {"model": model_dir, "args": vars(args), **results})
+        save("trainer_trace", results)
 
 
 if __name__ == "__main__":
