@@ -59,12 +59,13 @@ def subset(src: Path, dst: Path, rows: int, conll: bool = False) -> Path:
     return dst
 
 
-def squad_split(work: Path, paragraphs: int) -> tuple[Path, Path]:
+def squad_split(work: Path, paragraphs: int, eval_articles: int = 10) -> tuple[Path, Path]:
+    """The first `paragraphs` of each of SQuAD dev's first 38 articles (0: all) to train; the next articles to evaluate."""
     data = json.loads(need(DATA / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
-    keep = paragraphs or None  # 0: every paragraph
+    keep = paragraphs or None
     train = {"version": "1.1", "data": [{"title": a["title"], "paragraphs": a["paragraphs"][:keep]}
                                         for a in data["data"][:38]]}
-    dev = {"version": "1.1", "data": data["data"][38:]}
+    dev = {"version": "1.1", "data": data["data"][38:38 + eval_articles]}
     (work / "squad-train.json").write_text(json.dumps(train))
     (work / "squad-eval.json").write_text(json.dumps(dev))
     return work / "squad-train.json", work / "squad-eval.json"

@@ -38,7 +38,7 @@ from bertforge.tokenizer import Tokenizer
 from bertforge.train import TrainConfig, Trainer
 
 from .common import DATA, RESULTS, machine, minilm_dir, need, save
-from .finetune_vs_trainer import TASKS, hf_model, subset, trainer_rows, training_args
+from .finetune_vs_trainer import TASKS, hf_model, squad_split, subset, trainer_rows, training_args
 
 
 def no_dropout(model: torch.nn.Module) -> None:
@@ -119,7 +119,6 @@ def trace(cfg: FinetuneConfig, work: Path, evaluate: bool = True) -> dict:
     hf_losses = trainer.losses
 
     gaps = [abs(a - b) for a, b in zip(bf_losses, hf_losses)]
-    ours_params = {k: v for k, v in model.state_dict().items()}
     from bertforge.hf import to_hf_state_dict
 
     mapped = to_hf_state_dict(model)
@@ -128,23 +127,12 @@ def trace(cfg: FinetuneConfig, work: Path, evaluate: bool = True) -> dict:
     result = {"steps": [len(bf_losses), len(hf_losses)], "bertforge_loss": bf_losses, "transformers_loss": hf_losses,
               "max_loss_gap": max(gaps), "first_loss_gap": gaps[0], "last_loss_gap": gaps[-1],
               "max_weight_gap": weight_gap, "compared_weights": sum(k in theirs_params for k in mapped),
-              "weights": len(ours_params)}
+              "weights": len(model.state_dict())}
     if evaluate:
         model.eval()
         theirs.eval()
         result["bertforge_eval"], result["transformers_eval"] = task.evaluate(model), task.evaluate(theirs)
     return result
-
-
-def squad_slice(work: Path, paragraphs: int, eval_articles: int) -> tuple[Path, Path]:
-    """The first `paragraphs` of each of the 38 training articles, and the first few evaluation articles."""
-    data = json.loads(need(DATA / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
-    train = {"version": "1.1", "data": [{"title": a["title"], "paragraphs": a["paragraphs"][:paragraphs]}
-                                        for a in data["data"][:38]]}
-    dev = {"version": "1.1", "data": data["data"][38:38 + eval_articles]}
-    (work / "train.json").write_text(json.dumps(train))
-    (work / "dev.json").write_text(json.dumps(dev))
-    return work / "train.json", work / "dev.json"
 
 
 def main() -> None:
@@ -164,7 +152,7 @@ def main() -> None:
         kind, train_rel, eval_rel, hyper, metric = TASKS[name]
         work = Path(tempfile.mkdtemp(prefix=f"bf-trace-{name}-"))
         if kind == "qa":
-            train_path, dev_path = squad_slice(work, args.squad_paragraphs, 1)
+            train_path, dev_path = squad_split(work, args.squad_paragraphs, eval_articles=1)
         else:
             train_path = subset(need(DATA / train_rel), work / f"train{Path(train_rel).suffix}", args.rows,
                                 conll=kind == "ner")
