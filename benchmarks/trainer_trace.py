@@ -33,6 +33,7 @@ import transformers
 
 from bertforge.finetune import FinetuneConfig, build
 from bertforge.heads import span_loss
+from bertforge.hf import to_hf_state_dict
 from bertforge.tasks import FeatureTask, collate
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import TrainConfig, Trainer
@@ -94,7 +95,7 @@ class AlignedTrainer(transformers.Trainer):
         return result
 
 
-def trace(cfg: FinetuneConfig, work: Path, evaluate: bool = True) -> dict:
+def trace(cfg: FinetuneConfig, work: Path) -> dict:
     """Both libraries from one start, without dropout, on one order and schedule; losses and metrics of each."""
     torch.manual_seed(cfg.seed)
     tokenizer = Tokenizer.from_pretrained(cfg.model)
@@ -106,10 +107,9 @@ def trace(cfg: FinetuneConfig, work: Path, evaluate: bool = True) -> dict:
     train_cfg = TrainConfig(**{f.name: getattr(cfg, f.name) for f in fields(TrainConfig)})
     train_cfg.out, train_cfg.log_every, train_cfg.save_every = str(work / "bertforge"), 1, None
     ours = Trainer(model, task, train_cfg)
-    ours.fit()
+    summary = ours.fit()  # it ends with a dev evaluation of the final model
     rows = [json.loads(line) for line in (work / "bertforge" / "metrics.jsonl").read_text().splitlines()]
     bf_losses = [r["loss"] for r in rows if "loss" in r]
-    ours.state["horizon"] = len(bf_losses)  # the schedule's length, for the Trainer's LambdaLR below
 
     theirs = hf_model(cfg.task, str(start), model.config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     trainer = AlignedTrainer(model=theirs, args=training_args(cfg, work / "transformers"), train_dataset=trainer_rows(task),
@@ -119,8 +119,6 @@ def trace(cfg: FinetuneConfig, work: Path, evaluate: bool = True) -> dict:
     hf_losses = trainer.losses
 
     gaps = [abs(a - b) for a, b in zip(bf_losses, hf_losses)]
-    from bertforge.hf import to_hf_state_dict
-
     mapped = to_hf_state_dict(model)
     theirs_params = theirs.state_dict()
     weight_gap = max(float((mapped[k].float() - theirs_params[k].float()).abs().max()) for k in mapped if k in theirs_params)
@@ -128,10 +126,8 @@ def trace(cfg: FinetuneConfig, work: Path, evaluate: bool = True) -> dict:
               "max_loss_gap": max(gaps), "first_loss_gap": gaps[0], "last_loss_gap": gaps[-1],
               "max_weight_gap": weight_gap, "compared_weights": sum(k in theirs_params for k in mapped),
               "weights": len(model.state_dict())}
-    if evaluate:
-        model.eval()
-        theirs.eval()
-        result["bertforge_eval"], result["transformers_eval"] = task.evaluate(model), task.evaluate(theirs)
+    theirs.eval()
+    result["bertforge_eval"], result["transformers_eval"] = summary["eval"], task.evaluate(theirs)
     return result
 
 
