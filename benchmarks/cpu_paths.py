@@ -14,7 +14,6 @@ batches of 32, medians of --repeats passes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import tempfile
@@ -28,7 +27,7 @@ from bertforge import BertModel, Tokenizer
 from bertforge.export import export_onnx
 from bertforge.pipelines import compile_for_inference
 
-from .common import machine, minilm_dir, save
+from .common import inference_args, machine, minilm_dir, save
 from .inference import batches, ort_runner, sst2, timed, torch_runner
 
 INT8_VARIANTS = {
@@ -63,10 +62,7 @@ def int8_variants(classifier: Path, texts: list[str], labels: list[int], repeats
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--classifier", help="an SST-2 fine-tuned checkpoint, for the int8 variants")
-    args = parser.parse_args()
+    args = inference_args("for the int8 variants")
     texts, labels = sst2()
     tok = Tokenizer.from_pretrained(minilm_dir())
     data = batches(tok, texts, 32, sort=True)

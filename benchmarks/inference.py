@@ -18,7 +18,6 @@ Every figure is the median of --repeats full passes over the 872 sentences.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -32,7 +31,7 @@ from bertforge import BertModel, Tokenizer
 from bertforge.export import export_onnx
 from bertforge.pipelines import compile_for_inference, embed
 
-from .common import DATA, machine, median, minilm_dir, need, save
+from .common import DATA, inference_args, machine, median, minilm_dir, need, save
 
 
 def sst2() -> tuple[list[str], list[int]]:
@@ -206,10 +205,7 @@ def measure(repeats: int = 3, classifier: str | None = None) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--classifier", help="an SST-2 fine-tuned checkpoint, for the int8 accuracy change")
-    args = parser.parse_args()
+    args = inference_args("for the int8 accuracy change")
     result = measure(args.repeats, args.classifier)
     print(json.dumps(result, indent=2))
     print("saved", save("inference", result))
