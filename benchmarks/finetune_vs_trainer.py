@@ -190,16 +190,20 @@ def main() -> None:
             theirs, seconds = run_trainer(cfg, str(train_path), str(eval_path), work / f"{name}-hf-{seed}")
             runs["transformers"].append({**theirs, "wall_s": seconds})
             print(name, seed, "bertforge", ours[metric], "transformers", theirs[metric], flush=True)
-        summary = {"task": kind, "train": size, "eval": eval_rel or "SQuAD dev articles 39-48", "metric": metric,
-                   "hyper": hyper, "seeds": done + seeds,
-                   "command": command if not done else f"{previous['command']} ; {command}"}
-        for lib, values in runs.items():
-            scores = [r[metric] for r in values]
-            summary[lib] = {"mean": statistics.mean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-                            "wall_s_mean": statistics.mean(r["wall_s"] for r in values), "runs": values}
-        summary["model"] = label if args.model else "all-MiniLM-L6-v2"
-        result[key] = summary
-        save("finetune_vs_trainer", result)
+            # Saved after every seed: one SQuAD seed takes over an hour here, and an interrupted
+            # sweep keeps the seeds it finished (a later run with the rest adds to them).
+            measured = done + seeds[:seeds.index(seed) + 1]
+            summary = {"task": kind, "train": size, "eval": eval_rel or "SQuAD dev articles 39-48", "metric": metric,
+                       "hyper": hyper, "seeds": measured,
+                       "command": command if not done else f"{previous['command']} ; {command}"}
+            for lib, values in runs.items():
+                scores = [r[metric] for r in values]
+                summary[lib] = {"mean": statistics.mean(scores),
+                                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                                "wall_s_mean": statistics.mean(r["wall_s"] for r in values), "runs": values}
+            summary["model"] = label if args.model else "all-MiniLM-L6-v2"
+            result[key] = summary
+            save("finetune_vs_trainer", result)
     print(json.dumps({k: v for k, v in result.items()}, indent=1, default=str)[:4000])
 
 
