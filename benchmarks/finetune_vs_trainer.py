@@ -180,7 +180,7 @@ def main() -> None:
                     done.append(seed)
                     for lib in runs:
                         runs[lib].append(previous[lib]["runs"][i])
-        for seed in seeds:
+        for i, seed in enumerate(seeds):
             cfg = FinetuneConfig(task=kind, model=str(model_dir), train=str(train_path), dev=str(eval_path),
                                  out=str(work / f"{name}-bf-{seed}"), seed=seed, warmup=0.1, progress=False,
                                  **hyper)
@@ -192,9 +192,8 @@ def main() -> None:
             print(name, seed, "bertforge", ours[metric], "transformers", theirs[metric], flush=True)
             # Saved after every seed: one SQuAD seed takes over an hour here, and an interrupted
             # sweep keeps the seeds it finished (a later run with the rest adds to them).
-            measured = done + seeds[:seeds.index(seed) + 1]
             summary = {"task": kind, "train": size, "eval": eval_rel or "SQuAD dev articles 39-48", "metric": metric,
-                       "hyper": hyper, "seeds": measured,
+                       "hyper": hyper, "seeds": done + seeds[:i + 1],
                        "command": command if not done else f"{previous['command']} ; {command}"}
             for lib, values in runs.items():
                 scores = [r[metric] for r in values]
