@@ -32,14 +32,13 @@ import torch
 import transformers
 
 from bertforge.finetune import FinetuneConfig, build
-from bertforge.heads import span_loss
 from bertforge.hf import to_hf_state_dict
 from bertforge.tasks import FeatureTask, collate
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import TrainConfig, Trainer
 
 from .common import DATA, RESULTS, machine, minilm_dir, need, save
-from .finetune_vs_trainer import TASKS, hf_model, squad_split, subset, trainer_rows, training_args
+from .finetune_vs_trainer import TASKS, SpanLossTrainer, hf_model, squad_split, subset, trainer_rows, training_args
 
 
 def no_dropout(model: torch.nn.Module) -> None:
@@ -66,8 +65,8 @@ class EpochOrder(torch.utils.data.Sampler):
         return iter(order)
 
 
-class AlignedTrainer(transformers.Trainer):
-    """The Trainer with bertforge's data order and learning-rate factor; it records each step's loss."""
+class AlignedTrainer(SpanLossTrainer):
+    """The Trainer with bertforge's data order, learning-rate factor and span loss; it records each step's loss."""
 
     def __init__(self, *args, task: FeatureTask, lr_factor, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -81,16 +80,7 @@ class AlignedTrainer(transformers.Trainer):
         return self.lr_scheduler
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if "start_positions" in inputs:
-            # QA: the one place where bertforge's loss differs by design. It leaves padding out
-            # of the span softmax (see `heads.span_loss`), so the Trainer's model is scored the same way.
-            inputs = dict(inputs)
-            start, end = inputs.pop("start_positions"), inputs.pop("end_positions")
-            outputs = model(**inputs)
-            loss = span_loss(outputs.start_logits, outputs.end_logits, start, end, inputs["attention_mask"])
-            result = (loss, outputs) if return_outputs else loss
-        else:
-            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self.losses.append(float((result[0] if return_outputs else result).detach()))
         return result
 
