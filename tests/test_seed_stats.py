@@ -1,0 +1,35 @@
+"""benchmarks/seed_stats.py: Welch's test on stored per-seed scores, against hand-worked values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from benchmarks.seed_stats import row_stats  # noqa: E402
+
+
+def entry(ours: list[float], theirs: list[float]) -> dict:
+    return {"metric": "f1", "bertforge": {"runs": [{"f1": v} for v in ours]},
+            "transformers": {"runs": [{"f1": v} for v in theirs]}}
+
+
+def test_identical_scores_give_no_gap_and_p_one() -> None:
+    row = row_stats(entry([1.0, 2.0, 3.0], [3.0, 1.0, 2.0]))
+    assert row["gap"] == 0.0 and row["t"] == 0.0 and row["p"] == pytest.approx(1.0)
+
+
+def test_shifted_scores_match_the_hand_worked_welch_test() -> None:
+    # Means 2 and 5, both variances 1, n = 3: t = -3 / sqrt(1/3 + 1/3) = -3.674, and the
+    # Welch-Satterthwaite degrees of freedom are 4. Two-sided p for |t| = 3.674 on 4 df is 0.0213.
+    row = row_stats(entry([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]))
+    assert row["gap"] == -3.0
+    assert row["t"] == pytest.approx(-3 / math.sqrt(2 / 3))
+    assert row["p"] == pytest.approx(0.0213, abs=1e-4)
+
+
+def test_one_seed_a_side_is_not_tested() -> None:
+    row = row_stats(entry([8.1], [7.9]))
+    assert row["gap"] == pytest.approx(0.2) and "p" not in row
