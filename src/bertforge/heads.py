@@ -285,10 +285,11 @@ def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positi
     """Mean of the start and end cross-entropies, each a softmax over the window's real tokens.
 
     start_logits, end_logits: [B, T]; start_positions, end_positions: long [B]; attention_mask: [B, T].
-    Padding is left out of the softmax. transformers and google-research/bert keep it in:
-    google's windows are all padded to 384, so there it is a constant, but with padding to
-    each batch's longest window the loss of a window would depend on its batch-mates, and
-    bertforge's unpadded path gives padding no hidden state to learn a low score from.
+    Padding is left out of the softmax. transformers and google-research/bert keep it in, and
+    the model learns to score padding low. google's windows are all padded to 384, so a
+    window always sees the same padding; with padding to each batch's longest window, as
+    here, a window's loss would depend on its batch-mates, and bertforge's unpadded path
+    gives padding no hidden state to score.
     Positions beyond the window are clamped to T and ignored, as transformers does.
     """
     T = start_logits.shape[1]
