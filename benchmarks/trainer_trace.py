@@ -29,7 +29,6 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
-import transformers
 
 from bertforge.finetune import FinetuneConfig, build
 from bertforge.hf import to_hf_state_dict
