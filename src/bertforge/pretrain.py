@@ -255,6 +255,9 @@ def run_pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     if cfg.demo is None:
         cfg.demo = not cfg.corpus
     out = _prepare_output(cfg)
+    # Every rank has checked --out as the user left it; only now may rank 0 write there.
+    # Without this, a slower rank sees rank 0's first files and refuses a "non-empty" directory.
+    dist.barrier()
     out.mkdir(parents=True, exist_ok=True)
     shards, tokenizer = _data(cfg, out)
     if cfg.seq_len > 512 and not (cfg.model and Path(cfg.model).is_dir()):
