@@ -170,6 +170,9 @@ def main() -> None:
     parser.add_argument("--trainer-loss", choices=("transformers", "bertforge"), default="transformers",
                         help="QA only: with 'bertforge' the Trainer is scored with bertforge's span loss, an "
                              "ablation stored under KEY~span-loss that reuses bertforge's stored run of each seed")
+    parser.add_argument("--only", choices=("bertforge",),
+                        help="re-measure bertforge's runs of the given seeds and keep the Trainer's stored runs of "
+                             "the same seeds, after a change that touched only bertforge (each kept run says so)")
     parser.add_argument("--label", help="with --model: results are stored under TASK@LABEL (default: the directory's name)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bf-finetune-"))
@@ -181,7 +184,8 @@ def main() -> None:
     command = (f"python -m benchmarks.finetune_vs_trainer --tasks {args.tasks} --seeds {args.seeds} "
                f"--sst2-train {args.sst2_train} --stsb-train {args.stsb_train} --conll-train {args.conll_train} "
                f"--squad-paragraphs {args.squad_paragraphs} --squad-epochs {args.squad_epochs:g}" + (f" --model DIR --label {args.label}" if args.model else "")
-               + (" --trainer-loss bertforge" if args.trainer_loss == "bertforge" else ""))
+               + (" --trainer-loss bertforge" if args.trainer_loss == "bertforge" else "")
+               + (f" --only {args.only}" if args.only else ""))
     for name in args.tasks.split(","):
         kind, train_rel, eval_rel, hyper, metric = TASKS[name]
         if kind == "qa":
@@ -224,15 +228,23 @@ def main() -> None:
                 ours = run_finetune(cfg)
                 ours["wall_s"] = ours["seconds"]  # the training loop with its evaluations
             runs["bertforge"].append(ours)
-            theirs, seconds = run_trainer(cfg, str(train_path), str(eval_path), work / f"{name}-hf-{seed}",
-                                          span_loss_too=ablation)
-            runs["transformers"].append({**theirs, "wall_s": seconds})
+            if args.only:
+                if not (previous and previous["train"] == size and previous["hyper"] == hyper
+                        and seed in previous["seeds"]):
+                    raise SystemExit(f"--only bertforge: {key} has no stored Trainer run of seed {seed} "
+                                     "with these settings; run both libraries for it")
+                theirs = {**previous["transformers"]["runs"][previous["seeds"].index(seed)], "reused_from": key}
+            else:
+                theirs, seconds = run_trainer(cfg, str(train_path), str(eval_path), work / f"{name}-hf-{seed}",
+                                              span_loss_too=ablation)
+                theirs["wall_s"] = seconds
+            runs["transformers"].append(theirs)
             print(name, seed, "bertforge", ours[metric], "transformers", theirs[metric], flush=True)
             # Saved after every seed: one SQuAD seed takes over an hour here, and an interrupted
             # sweep keeps the seeds it finished (a later run with the rest adds to them).
             summary = {"task": kind, "train": size, "eval": eval_rel or "SQuAD dev articles 39-48", "metric": metric,
                        "hyper": hyper, "seeds": done + seeds[:i + 1],
-                       "command": command if not done else f"{previous['command']} ; {command}"}
+                       "command": command if not (done or args.only) else f"{previous['command']} ; {command}"}
             for lib, values in runs.items():
                 scores = [r[metric] for r in values]
                 summary[lib] = {"mean": statistics.mean(scores),

@@ -1,19 +1,19 @@
 """bertforge's training loop against the transformers Trainer, step by step, with the noise taken out.
 
 `finetune_vs_trainer` runs the two libraries as users run them. Each draws its own data
-order and dropout masks, and their warmups differ by one step: bertforge's first step
-already uses 1/warmup of the peak rate, while the Trainer's first step uses a rate of 0. So
-two single runs differ by seed noise, and a gap between means can be noise or a bug.
+order and dropout masks. So two single runs differ by seed noise, and a gap between means
+can be noise or a bug.
 
-This script removes all three sources and looks at what is left:
+This script removes both sources and looks at what is left:
 - dropout is off in both models;
 - both start from the same weights, including the newly initialised head;
-- the Trainer gets bertforge's per-epoch order (a sampler) and learning-rate factor (a LambdaLR);
+- the Trainer gets bertforge's per-epoch order (a sampler);
 - for QA, the Trainer's model is scored with bertforge's span loss, which leaves padding out
   of the softmax where transformers keeps it in (see `bertforge.heads.span_loss`).
 
 What remains is shared by neither library: the forward pass, the loss, backward, clipping,
-and AdamW with its decay groups (the Trainer builds its own optimizer). If both libraries
+AdamW with its decay groups, and the warmup/decay schedule (the Trainer builds its own
+optimizer and scheduler from TrainingArguments). If both libraries
 do the same thing, the losses agree at every step up to float round-off. A bug in either
 shows up as a gap that grows.
 
@@ -65,18 +65,14 @@ class EpochOrder(torch.utils.data.Sampler):
 
 
 class AlignedTrainer(SpanLossTrainer):
-    """The Trainer with bertforge's data order, learning-rate factor and span loss; it records each step's loss."""
+    """The Trainer with bertforge's data order and span loss; it records each step's loss."""
 
-    def __init__(self, *args, task: FeatureTask, lr_factor, **kwargs) -> None:
+    def __init__(self, *args, task: FeatureTask, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.task, self.lr_factor, self.losses = task, lr_factor, []
+        self.task, self.losses = task, []
 
     def _get_train_sampler(self, train_dataset=None):
         return EpochOrder(self.task)
-
-    def create_scheduler(self, num_training_steps: int, optimizer=None):
-        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, self.lr_factor)
-        return self.lr_scheduler
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -85,7 +81,7 @@ class AlignedTrainer(SpanLossTrainer):
 
 
 def trace(cfg: FinetuneConfig, work: Path) -> dict:
-    """Both libraries from one start, without dropout, on one order and schedule; losses and metrics of each."""
+    """Both libraries from one start, without dropout, on one data order; losses and metrics of each."""
     torch.manual_seed(cfg.seed)
     tokenizer = Tokenizer.from_pretrained(cfg.model)
     model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
@@ -102,8 +98,7 @@ def trace(cfg: FinetuneConfig, work: Path) -> dict:
 
     theirs = hf_model(cfg.task, str(start), model.config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     trainer = AlignedTrainer(model=theirs, args=training_args(cfg, work / "transformers"), train_dataset=trainer_rows(task),
-                             data_collator=lambda rows: collate(rows, tokenizer.pad_token_id), task=task,
-                             lr_factor=ours._lr_factor)
+                             data_collator=lambda rows: collate(rows, tokenizer.pad_token_id), task=task)
     trainer.train()
     hf_losses = trainer.losses
 

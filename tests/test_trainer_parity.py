@@ -1,10 +1,11 @@
 """bertforge's training loop against the transformers Trainer, step by step (benchmarks/trainer_trace.py).
 
-With dropout off, one start, bertforge's data order and learning-rate factor given to the
-Trainer, the two libraries must take the same steps: the same loss at every step, the same
-weights at the end, the same dev metric. (A large weight decay makes its
-grouping visible within a few steps.) This pins down the loss, clipping, AdamW and its
-decay groups, and the batching, which side-by-side runs with their own seeds cannot.
+With dropout off, one start, and bertforge's data order given to the Trainer, the two
+libraries must take the same steps: the same loss at every step, the same weights at the
+end, the same dev metric. (A large weight decay makes its grouping visible within a few
+steps.) This pins down the loss, clipping, AdamW and its decay groups, the warmup/decay
+schedule (the Trainer uses its own) and the batching, which side-by-side runs with their
+own seeds cannot.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -49,3 +51,25 @@ def test_qa_steps_match_the_trainer(tmp_path, minilm_dir):
                          dev=str(tmp_path / "dev.json"), out=str(tmp_path / "out"), seed=3, batch_size=8, epochs=1,
                          lr=1e-4, warmup=0.2, weight_decay=0.3, seq_len=192, doc_stride=64, progress=False)
     check(trace(cfg, tmp_path / "trace"), "f1")
+
+
+@pytest.mark.parametrize("warmup,total", [(0.1, 37), (0.1, 540), (0.2, 5), (0.0, 12), (7, 30), (0.06, 1)])
+def test_schedule_is_the_trainers_step_for_step(warmup, total):
+    """`--warmup` and the linear schedule give the rate transformers' Trainer gives at every step."""
+    import transformers
+    from transformers.optimization import get_linear_schedule_with_warmup
+
+    from bertforge.optim import warmup_linear, warmup_steps_for
+
+    steps = warmup_steps_for(warmup, total)
+    assert steps == transformers.TrainingArguments(output_dir="x", warmup_steps=warmup).get_warmup_steps(total)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    theirs = get_linear_schedule_with_warmup(optimizer, steps, total)
+    ours = warmup_linear(steps, total)
+    expected = []
+    for _ in range(total + 1):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        theirs.step()
+    assert [ours(step) for step in range(total + 1)] == pytest.approx(expected, abs=1e-12)
+    assert ours(0) == (0.0 if steps else 1.0)

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -63,12 +65,24 @@ def build_optimizer(model: torch.nn.Module, name: str, lr: float, weight_decay: 
     raise ValueError(f"unknown optimizer {name!r} (adamw or lamb)")
 
 
+def warmup_steps_for(warmup: float, total_steps: int) -> int:
+    """`--warmup` as a number of steps: a fraction (< 1) of total_steps rounded up, as transformers'
+    TrainingArguments.get_warmup_steps does, or else a step count."""
+    return math.ceil(warmup * total_steps) if warmup < 1 else int(warmup)
+
+
 def warmup_linear(warmup_steps: int, total_steps: int):
-    """Multiplier of the peak rate at a step: 0 -> 1 over the warmup, then 1 -> 0 at total_steps."""
+    """Multiplier of the peak rate at a (0-based) step: step/warmup over the warmup, then linear to 0 at total_steps.
+
+    The first step's rate is 0, as in google-research/bert (`global_step / num_warmup_steps`)
+    and transformers' `get_linear_schedule_with_warmup`. That step still fills Adam's moments,
+    and it keeps bertforge's schedule step for step equal to the Trainer's, so side-by-side runs
+    differ only by their random draws. With no warmup the first step runs at the peak rate.
+    """
 
     def factor(step: int) -> float:
         if step < warmup_steps:
-            return (step + 1) / warmup_steps
+            return step / warmup_steps
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return factor

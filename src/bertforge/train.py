@@ -28,7 +28,7 @@ import torch
 from . import distributed as dist
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .errors import BertforgeError
-from .optim import build_optimizer, warmup_linear
+from .optim import build_optimizer, warmup_linear, warmup_steps_for
 
 
 class TrainingDiverged(BertforgeError):
@@ -151,10 +151,8 @@ class Trainer:
     def _lr_factor(self, step: int) -> float:
         horizon = self.state["horizon"]
         if horizon is None:  # time budget only, before the schedule's length is measured (30 steps)
-            return min(1.0, (step + 1) / 100)
-        warmup = self.config.warmup
-        warmup_steps = int(round(warmup * horizon)) if warmup < 1 else int(warmup)
-        return warmup_linear(max(1, warmup_steps), horizon)(step)
+            return min(1.0, step / 100)
+        return warmup_linear(warmup_steps_for(self.config.warmup, horizon), horizon)(step)
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
