@@ -223,3 +223,35 @@ def test_dropout_matches_transformers_in_distribution(minilm_dir):
     ids, types = ids.masked_fill(mask == 0, 0), torch.zeros_like(ids)
     ratio = dropout_noise(ours, ids, types, mask, 200) / dropout_noise(theirs, ids, types, mask, 200)
     assert abs(ratio - 1) < 0.04, ratio
+
+
+
+def test_dropout_gives_the_same_mean_gradient_and_gradient_noise(tmp_path):
+    # What training feels of dropout is the gradient: its mean over the draws, and its spread.
+    # From one start and one padded batch, each library's gradient of every parameter is
+    # averaged over 300 draws (benchmarks/dropout_gradient.py, which runs this on MiniLM and
+    # on bertforge's own mini with SQuAD windows). z = |mean gap|^2 / its expected Monte Carlo
+    # size is about 1 when the two agree, and the noise ratio compares the spread. A small
+    # random model keeps this fast; without bertforge's embedding dropout both move far.
+    from benchmarks.dropout_gradient import compare, gradient_moments, ours_loss, theirs_loss
+    from bertforge.hf import hf_names
+
+    ours = bertforge.BertForQuestionAnswering(bertforge.BertConfig(**{**TINY, "hidden_size": 64}))
+    assert ours.config.hidden_dropout_prob == ours.config.attention_probs_dropout_prob == 0.1
+    ours.save_pretrained(tmp_path)
+    theirs = transformers.BertForQuestionAnswering.from_pretrained(tmp_path)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(5, TINY["vocab_size"], (4, 24), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0  # padding, so bertforge's unpadded path is the one measured
+    mask[3, 8:] = 0
+    batch = {"input_ids": ids.masked_fill(mask == 0, 0), "token_type_ids": torch.zeros_like(ids),
+             "attention_mask": mask, "start_positions": torch.tensor([3, 7, 20, 2]),
+             "end_positions": torch.tensor([5, 9, 22, 6])}
+    draws = 300
+    reference = gradient_moments(theirs, batch, theirs_loss, draws, {n: n for n, _ in theirs.named_parameters()})
+    same = compare(gradient_moments(ours, batch, ours_loss, draws, hf_names(ours)), reference, draws)
+    assert same["z"] < 1.5 and abs(same["noise_ratio"] - 1) < 0.1, same
+    ours.bert.embeddings.dropout.p = 0.0
+    off = compare(gradient_moments(ours, batch, ours_loss, draws, hf_names(ours)), reference, draws)
+    assert off["z"] > 3 and off["noise_ratio"] < 0.8, off

@@ -90,17 +90,23 @@ def _rename(key: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
     return None
 
 
-def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Our state dict under transformers' names (the tied MLM decoder is left out, as transformers does)."""
-    has_prefix = hasattr(model, "bert")
-    rules = _rules(has_prefix, reverse=False)
+def hf_names(model: torch.nn.Module) -> dict[str, str]:
+    """Each of our state-dict keys -> transformers' name for the same tensor (the tied MLM decoder is
+    left out, as transformers does). Also names parameters, since they are state-dict entries."""
+    rules = _rules(hasattr(model, "bert"), reverse=False)
     out = {}
-    for key, tensor in model.state_dict().items():
+    for key in model.state_dict():
         name = _rename(key, rules)
         if name is None:
             raise CheckpointError(f"internal: no Hugging Face name for parameter '{key}'")
-        out[name] = tensor
+        out[key] = name
     return out
+
+
+def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Our state dict under transformers' names (the tied MLM decoder is left out, as transformers does)."""
+    names = hf_names(model)
+    return {names[key]: tensor for key, tensor in model.state_dict().items()}
 
 
 @dataclass
