@@ -33,3 +33,18 @@ def test_shifted_scores_match_the_hand_worked_welch_test() -> None:
 def test_one_seed_a_side_is_not_tested() -> None:
     row = row_stats(entry([8.1], [7.9]))
     assert row["gap"] == pytest.approx(0.2) and "p" not in row
+
+
+def test_q_values_match_the_hand_worked_benjamini_hochberg() -> None:
+    # Sorted p 0.01, 0.03, 0.04, 0.20 (m = 4) give p*m/rank 0.04, 0.06, 0.0533, 0.20; taking
+    # the running minimum from the largest down makes 0.06 into 0.0533. Returned in input order.
+    from benchmarks.seed_stats import q_values
+
+    assert q_values([0.01, 0.04, 0.03, 0.20]) == pytest.approx([0.04, 0.16 / 3, 0.16 / 3, 0.20])
+
+
+def test_superseded_rows_and_ablations_are_outside_the_family() -> None:
+    from benchmarks.seed_stats import in_family
+
+    assert in_family("squad-full@mini") and in_family("sst2")
+    assert not in_family("squad") and not in_family("squad@mini") and not in_family("squad-full@mini~span-loss")
