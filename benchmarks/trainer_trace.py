@@ -80,12 +80,18 @@ class AlignedTrainer(SpanLossTrainer):
         return result
 
 
-def trace(cfg: FinetuneConfig, work: Path) -> dict:
-    """Both libraries from one start, without dropout, on one data order; losses and metrics of each."""
+def trace(cfg: FinetuneConfig, work: Path, dropout: bool = False) -> dict:
+    """Both libraries from one start, without dropout, on one data order; losses and metrics of each.
+
+    dropout: keep dropout on in both, each library drawing its own masks (the Trainer from
+    another seed). The runs are then paired: one start, one order, one schedule, and only the
+    dropout draws free, so their gap shows what the draws alone do to a run.
+    """
     torch.manual_seed(cfg.seed)
     tokenizer = Tokenizer.from_pretrained(cfg.model)
     model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
-    no_dropout(model)
+    if not dropout:
+        no_dropout(model)
     start = work / "start"
     model.save_pretrained(start, tokenizer=tokenizer)  # the new head's initial weights go to the Trainer too
 
@@ -96,8 +102,12 @@ def trace(cfg: FinetuneConfig, work: Path) -> dict:
     rows = [json.loads(line) for line in (work / "bertforge" / "metrics.jsonl").read_text().splitlines()]
     bf_losses = [r["loss"] for r in rows if "loss" in r]
 
-    theirs = hf_model(cfg.task, str(start), model.config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    trainer = AlignedTrainer(model=theirs, args=training_args(cfg, work / "transformers"), train_dataset=trainer_rows(task),
+    overrides = {} if dropout else dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    theirs = hf_model(cfg.task, str(start), model.config, **overrides)
+    args = training_args(cfg, work / "transformers")
+    if dropout:  # the seed only drives the Trainer's dropout here (the order is bertforge's): other draws
+        args.seed = cfg.seed + 10_000
+    trainer = AlignedTrainer(model=theirs, args=args, train_dataset=trainer_rows(task),
                              data_collator=lambda rows: collate(rows, tokenizer.pad_token_id), task=task)
     trainer.train()
     hf_losses = trainer.losses
@@ -108,6 +118,7 @@ def trace(cfg: FinetuneConfig, work: Path) -> dict:
     weight_gap = max(float((mapped[k].float() - theirs_params[k].float()).abs().max()) for k in mapped if k in theirs_params)
     result = {"steps": [len(bf_losses), len(hf_losses)], "bertforge_loss": bf_losses, "transformers_loss": hf_losses,
               "max_loss_gap": max(gaps), "first_loss_gap": gaps[0], "last_loss_gap": gaps[-1],
+              "mean_loss": [sum(bf_losses) / len(bf_losses), sum(hf_losses) / len(hf_losses)], "dropout": dropout,
               "max_weight_gap": weight_gap, "compared_weights": sum(k in theirs_params for k in mapped),
               "weights": len(model.state_dict())}
     theirs.eval()
@@ -123,6 +134,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--model", help="a checkpoint directory (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--eval-articles", type=int, default=1, help="SQuAD: dev articles 39.. to evaluate on")
+    parser.add_argument("--dropout", action="store_true",
+                        help="keep dropout on, each library drawing its own masks (stored under KEY~dropout~seedN)")
     args = parser.parse_args()
     model_dir = str(Path(args.model) if args.model else minilm_dir())
     previous = RESULTS / "trainer_trace.json"  # tasks and checkpoints traced separately accumulate in one file
@@ -132,17 +146,20 @@ def main() -> None:
         kind, train_rel, eval_rel, hyper, metric = TASKS[name]
         work = Path(tempfile.mkdtemp(prefix=f"bf-trace-{name}-"))
         if kind == "qa":
-            train_path, dev_path = squad_split(work, args.squad_paragraphs, eval_articles=1)
+            train_path, dev_path = squad_split(work, args.squad_paragraphs, eval_articles=args.eval_articles)
         else:
             train_path = subset(need(DATA / train_rel), work / f"train{Path(train_rel).suffix}", args.rows,
                                 conll=kind == "ner")
             dev_path = need(DATA / eval_rel)
         cfg = FinetuneConfig(task=kind, model=model_dir, train=str(train_path), dev=str(dev_path), out=str(work / "out"),
                              seed=args.seed, warmup=0.1, progress=False, **{**hyper, "epochs": args.epochs})
-        result = trace(cfg, work)
-        results[f"{name}@{label}"] = {"command": "python -m benchmarks.trainer_trace " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "tasks")
-            + f" --tasks {name}", "machine": machine(), **result}
+        result = trace(cfg, work, dropout=args.dropout)
+        key = f"{name}@{label}" + (f"~dropout~seed{args.seed}" if args.dropout else "")
+        flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
+                 if v not in (None, False) and k not in ("tasks", "model")]
+        results[key] = {"command": " ".join(["python -m benchmarks.trainer_trace", *flags, f"--tasks {name}"]
+                                            + (["--model DIR"] if args.model else [])),
+                        "machine": machine(), **result}
         print(f"{name}: {result['steps'][0]} steps; loss gap first {result['first_loss_gap']:.2e}, "
               f"max {result['max_loss_gap']:.2e}, last {result['last_loss_gap']:.2e}; "
               f"max weight gap {result['max_weight_gap']:.2e}; {metric}: bertforge "
