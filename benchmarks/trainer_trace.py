@@ -156,7 +156,7 @@ def main() -> None:
         result = trace(cfg, work, dropout=args.dropout)
         key = f"{name}@{label}" + (f"~dropout~seed{args.seed}" if args.dropout else "")
         flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-                 if v not in (None, False) and k not in ("tasks", "model")]
+                 if v is not None and v is not False and k not in ("tasks", "model")]
         results[key] = {"command": " ".join(["python -m benchmarks.trainer_trace", *flags, f"--tasks {name}"]
                                             + (["--model DIR"] if args.model else [])),
                         "machine": machine(), **result}
