@@ -131,7 +131,7 @@ VARIANTS = {
 }
 
 
-def run(model_dir: str, draws: int, windows: int, seed: int, variants: bool = True) -> dict:
+def run(model_dir: str, draws: int, windows: int, seed: int) -> dict:
     """Both libraries (and the control and variants) from one start, on one batch; z for each pair."""
     work = Path(tempfile.mkdtemp(prefix="bf-dropgrad-"))
     tokenizer = Tokenizer.from_pretrained(model_dir)
@@ -146,7 +146,7 @@ def run(model_dir: str, draws: int, windows: int, seed: int, variants: bool = Tr
     # (label, model, loss, name map): the pair under test, the control, then one model per variant.
     runs = [("bertforge", ours, ours_loss, names), ("transformers", theirs, theirs_loss, same),
             ("bertforge, second draws", ours, ours_loss, names)]
-    for v in (VARIANTS if variants else ()):
+    for v in VARIANTS:
         changed = BertForQuestionAnswering.from_pretrained(work / "start")
         VARIANTS[v](changed)
         runs.append((f"bertforge, {v}", changed, ours_loss, names))
@@ -159,7 +159,7 @@ def run(model_dir: str, draws: int, windows: int, seed: int, variants: bool = Tr
 
     pairs = {"bertforge vs transformers": compare(moments["bertforge"], moments["transformers"], draws),
              "control: bertforge vs bertforge": compare(moments["bertforge"], moments["bertforge, second draws"], draws)}
-    for v in (VARIANTS if variants else ()):
+    for v in VARIANTS:
         pairs[f"bertforge, {v} vs transformers"] = compare(moments[f"bertforge, {v}"], moments["transformers"], draws)
     real = batch["attention_mask"].sum(1).tolist()
     return {"draws": draws, "windows": windows, "tokens_per_window": real, "pairs": pairs,

@@ -81,7 +81,7 @@ class AlignedTrainer(SpanLossTrainer):
 
 
 def trace(cfg: FinetuneConfig, work: Path, dropout: bool = False) -> dict:
-    """Both libraries from one start, without dropout, on one data order; losses and metrics of each.
+    """Both libraries from one start, on one data order, dropout off; losses and metrics of each.
 
     dropout: keep dropout on in both, each library drawing its own masks (the Trainer from
     another seed). The runs are then paired: one start, one order, one schedule, and only the
