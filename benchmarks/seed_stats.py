@@ -14,7 +14,13 @@ span-loss fix, and ablations (`KEY~…`), are printed but left out of the family
 `benchmarks/trainer_trace.py` is the other half of the argument: with the randomness taken
 out, the two loops take the same steps.
 
+The paired runs of `trainer_trace --dropout` (stored as `TASK@MODEL~dropout~seedN`) share
+the start, the data order and the schedule, and differ only in the dropout draws. Those
+pairs are tested on their own: the per-seed gaps with a one-sample t-test against zero, and
+the count of seeds where bertforge is ahead with a two-sided sign test (scipy's binomtest).
+
     python -m benchmarks.seed_stats [--results benchmarks/results/finetune_vs_trainer.json]
+                                    [--traces benchmarks/results/trainer_trace.json]
 """
 
 from __future__ import annotations
@@ -63,9 +69,40 @@ def row_stats(entry: dict, metric: str | None = None) -> dict:
     return out
 
 
+def paired_stats(pairs: list[tuple[float, float]]) -> dict:
+    """Gaps of paired runs [(bertforge, Trainer), ...]: mean gap, t-test of the gaps against 0, sign test."""
+    gaps = [ours - theirs for ours, theirs in pairs]
+    out = {"runs": len(gaps), "gap": statistics.mean(gaps), "ahead": sum(g > 0 for g in gaps),
+           "behind": sum(g < 0 for g in gaps)}
+    if len(gaps) > 1:
+        out["sd"] = statistics.stdev(gaps)
+        test = stats.ttest_1samp(gaps, 0.0)
+        out["t"], out["p"] = float(test.statistic), float(test.pvalue)
+    if out["ahead"] + out["behind"]:  # ties carry no sign
+        out["sign_p"] = float(stats.binomtest(out["ahead"], out["ahead"] + out["behind"]).pvalue)
+    return out
+
+
+def paired_rows(traces: dict) -> list[tuple[str, str, dict]]:
+    """(row, metric, paired_stats) for every `KEY~dropout~seedN` group of stored traces."""
+    groups: dict[str, list[dict]] = {}
+    for name, entry in traces.items():
+        base, sep, seed = name.partition("~dropout~seed")
+        if sep and seed.isdigit():
+            groups.setdefault(base, []).append(entry)
+    rows = []
+    for base, entries in groups.items():
+        for metric in entries[0]["bertforge_eval"]:
+            values = [(e["bertforge_eval"][metric], e["transformers_eval"][metric]) for e in entries]
+            if metric not in ("total", "unanswered") and all(isinstance(v, float) for pair in values for v in pair):
+                rows.append((base, metric, paired_stats(values)))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS / "finetune_vs_trainer.json")
+    parser.add_argument("--traces", type=Path, default=RESULTS / "trainer_trace.json")
     args = parser.parse_args(argv)
     stored = json.loads(args.results.read_text(encoding="utf-8"))
     rows = []
@@ -84,6 +121,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<28}{row['metric']:<12}{row['seeds']:>6}{row['bertforge']:>12.4f}"
               f"{row['transformers']:>12.4f}{row['gap']:>+10.4f}{p:>9}{qv:>7}")
     print(f"family: {len(family)} tests; rows marked '-' under BH q are superseded, ablations, or untestable")
+
+    paired = paired_rows(json.loads(args.traces.read_text(encoding="utf-8"))) if args.traces.exists() else []
+    if paired:
+        print("\npaired runs (trainer_trace --dropout: one start, one order, only the dropout draws differ)")
+        print(f"{'row':<28}{'metric':<12}{'seeds':>6}{'mean gap':>10}{'sd':>8}{'t-test p':>9}{'ahead':>7}{'sign p':>8}")
+        for name, metric, row in paired:
+            sd = f"{row['sd']:.4f}" if "sd" in row else "-"
+            p = f"{row['p']:.2f}" if "p" in row else "-"
+            sign = f"{row['sign_p']:.2f}" if "sign_p" in row else "-"
+            print(f"{name:<28}{metric:<12}{row['runs']:>6}{row['gap']:>+10.4f}{sd:>8}{p:>9}"
+                  f"{row['ahead']:>4}/{row['runs']:<2}{sign:>8}")
 
 
 if __name__ == "__main__":

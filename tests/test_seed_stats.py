@@ -48,3 +48,29 @@ def test_superseded_rows_and_ablations_are_outside_the_family() -> None:
 
     assert in_family("squad-full@mini") and in_family("sst2")
     assert not in_family("squad") and not in_family("squad@mini") and not in_family("squad-full@mini~span-loss")
+
+
+def test_paired_gaps_match_the_hand_worked_t_and_sign_tests() -> None:
+    from benchmarks.seed_stats import paired_stats
+
+    # Gaps 1, 2, 3: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 3.464 on 2 df, two-sided p = 0.0742.
+    # All three ahead: the two-sided sign test gives 2 * (1/2)**3 = 0.25.
+    row = paired_stats([(11.0, 10.0), (12.0, 10.0), (13.0, 10.0)])
+    assert row["gap"] == 2.0 and row["sd"] == 1.0 and (row["ahead"], row["behind"]) == (3, 0)
+    assert row["t"] == pytest.approx(2 * math.sqrt(3))
+    assert row["p"] == pytest.approx(0.0742, abs=1e-4)
+    assert row["sign_p"] == pytest.approx(0.25)
+
+
+def test_paired_rows_group_the_dropout_traces_by_task_and_skip_counts() -> None:
+    from benchmarks.seed_stats import paired_rows
+
+    def trace(ours: float, theirs: float) -> dict:
+        return {"bertforge_eval": {"f1": ours, "total": 10}, "transformers_eval": {"f1": theirs, "total": 10}}
+
+    traces = {"squad@run~dropout~seed1": trace(9.0, 10.0), "squad@run~dropout~seed2": trace(10.5, 10.0),
+              "squad@run": trace(1.0, 1.0), "stsb@run~dropout~seed1": trace(0.5, 0.5)}
+    rows = {(name, metric): row for name, metric, row in paired_rows(traces)}
+    assert set(rows) == {("squad@run", "f1"), ("stsb@run", "f1")}
+    assert rows["squad@run", "f1"]["gap"] == pytest.approx(-0.25) and rows["squad@run", "f1"]["runs"] == 2
+    assert rows["stsb@run", "f1"]["behind"] == 0 and "sign_p" not in rows["stsb@run", "f1"]
