@@ -17,7 +17,8 @@ out, the two loops take the same steps.
 The paired runs of `trainer_trace --dropout` (stored as `TASK@MODEL~dropout~seedN`) share
 the start, the data order and the schedule, and differ only in the dropout draws. Those
 pairs are tested on their own: the per-seed gaps with a one-sample t-test against zero, and
-the count of seeds where bertforge is ahead with a two-sided sign test (scipy's binomtest).
+the count of seeds where bertforge is ahead with a two-sided sign test (scipy's binomtest);
+their q-values count them together with the unpaired family.
 
     python -m benchmarks.seed_stats [--results benchmarks/results/finetune_vs_trainer.json]
                                     [--traces benchmarks/results/trainer_trace.json]
@@ -124,14 +125,21 @@ def main(argv: list[str] | None = None) -> None:
 
     paired = paired_rows(json.loads(args.traces.read_text(encoding="utf-8"))) if args.traces.exists() else []
     if paired:
+        # The paired tests join the family: their q counts them with the unpaired tests above.
+        tested = [i for i, (_, _, row) in enumerate(paired) if "p" in row]
+        joint = q_values([rows[i][1]["p"] for i in family] + [paired[i][2]["p"] for i in tested])
+        paired_q = dict(zip(tested, joint[len(family):]))
         print("\npaired runs (trainer_trace --dropout: one start, one order, only the dropout draws differ)")
-        print(f"{'row':<28}{'metric':<12}{'seeds':>6}{'mean gap':>10}{'sd':>8}{'t-test p':>9}{'ahead':>7}{'sign p':>8}")
-        for name, metric, row in paired:
+        print(f"{'row':<28}{'metric':<12}{'seeds':>6}{'mean gap':>10}{'sd':>8}{'t-test p':>9}{'ahead':>7}"
+              f"{'sign p':>8}{'BH q':>7}")
+        for i, (name, metric, row) in enumerate(paired):
             sd = f"{row['sd']:.4f}" if "sd" in row else "-"
             p = f"{row['p']:.2f}" if "p" in row else "-"
             sign = f"{row['sign_p']:.2f}" if "sign_p" in row else "-"
+            qv = f"{paired_q[i]:.2f}" if i in paired_q else "-"
             print(f"{name:<28}{metric:<12}{row['runs']:>6}{row['gap']:>+10.4f}{sd:>8}{p:>9}"
-                  f"{row['ahead']:>4}/{row['runs']:<2}{sign:>8}")
+                  f"{row['ahead']:>4}/{row['runs']:<2}{sign:>8}{qv:>7}")
+        print(f"BH q of the paired rows: over these {len(tested)} tests and the {len(family)} above together")
 
 
 if __name__ == "__main__":
