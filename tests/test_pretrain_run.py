@@ -225,3 +225,18 @@ def test_lamb_and_bf16_autocast(tmp_path, corpus, tokenizer_dir):
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["loss"] == r["loss"] for r in rows if "loss" in r)  # finite
+
+
+def test_two_runs_that_train_their_vocabulary_are_bitwise_equal(tmp_path, corpus):
+    """Same corpus, flags and seed, vocabulary trained by each run: the same vocab.txt and the same weights,
+    byte for byte (each run is a fresh process, with its own hash seed)."""
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        args = [str(corpus), "--vocab-size", "400", "--model", "L2-H64", "--seq-len", "32", "--batch-size", "8",
+                "--max-steps", "3", "--seed", "3", "--workers", "1", "--out", str(out)]
+        result = cli(*args)
+        assert result.returncode == 0, result.stderr
+        runs.append(((out / "vocab.txt").read_bytes(), (out / "tokenizer.json").read_bytes(),
+                     (out / "model.safetensors").read_bytes()))
+    assert runs[0] == runs[1]

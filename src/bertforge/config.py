@@ -8,15 +8,56 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
 
-# Activations the encoder knows. "gelu" is BERT's exact erf GELU; the tanh
-# approximation is accepted because some published checkpoints were trained with it.
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
+# `hidden_act` names transformers accepts, each mapped to the function bertforge computes for it.
+# Only names whose function is the same as transformers' are listed (tests/test_config_fields.py
+# checks every one against transformers' ACT2FN); any other name is refused.
+HIDDEN_ACT: dict[str, str] = {
+    "gelu": "gelu", "gelu_python": "gelu",  # BERT's exact erf GELU
+    # the tanh approximation some published checkpoints were trained with, under its several names
+    "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+    "gelu_accurate": "gelu_tanh", "gelu_python_tanh": "gelu_tanh",
+    "relu": "relu", "silu": "silu", "swish": "silu", "tanh": "tanh", "sigmoid": "sigmoid", "mish": "mish",
+    "relu6": "relu6", "leaky_relu": "leaky_relu", "hardswish": "hardswish", "linear": "identity",
+}
+ACTIVATIONS = tuple(HIDDEN_ACT)
+
+# config.json keys that are not fields of `BertConfig`, and what bertforge does with each.
+# Refused unless they hold the one value bertforge implements (the value transformers writes by default):
+REFUSED_UNLESS: dict[str, tuple[Any, str]] = {
+    "is_decoder": (False, "a causal (decoder) mask is not implemented; bertforge's BERT is an encoder"),
+    "add_cross_attention": (False, "cross-attention layers are not implemented"),
+    "is_encoder_decoder": (False, "encoder-decoder models are not implemented"),
+    "tie_encoder_decoder": (False, "encoder-decoder models are not implemented"),
+    "position_embedding_type": ("absolute", "only learned absolute position embeddings are implemented "
+                                            "(relative_key and relative_key_query are not)"),
+    "pruned_heads": ({}, "checkpoints with pruned attention heads are not supported"),
+}
+# Keys that change no number bertforge computes, here or in transformers, kept verbatim on saving:
+NO_EFFECT: dict[str, str] = {
+    "use_cache": "only decoders cache keys and values",
+    "chunk_size_feed_forward": "running the feed-forward in chunks along the sequence gives the same numbers",
+    "output_attentions": "chooses outputs; pass output_attentions=True to forward",
+    "output_hidden_states": "chooses outputs; pass output_hidden_states=True to forward",
+    "return_dict": "a Python API choice of transformers",
+    "torchscript": "a tracing option of transformers",
+    "gradient_checkpointing": "a training-memory option of older transformers",
+    "bos_token_id": "an encoder has no generation tokens", "eos_token_id": "an encoder has no generation tokens",
+    "sep_token_id": "the tokenizer decides the [SEP] id", "decoder_start_token_id": "an encoder generates nothing",
+    "finetuning_task": "a label for people", "task_specific_params": "used by transformers' generation pipelines",
+    "prefix": "used by transformers' generation pipelines", "tokenizer_class": "read from tokenizer_config.json",
+    "use_bfloat16": "a TensorFlow-era flag; weights are computed in float32",
+    "dtype": "weights are read at their stored precision and computed in float32 (transformers without dtype='auto')",
+    "torch_dtype": "as dtype", "transformers_version": "describes the file", "_name_or_path": "describes the file",
+    "architectures": "chooses the head class to load (see `bertforge inspect`)", "model_type": "must be 'bert'",
+    "_attn_implementation_autoset": "a transformers loading detail", "output_past": "only decoders cache",
+}
 
 # (layers, hidden) for the Turc et al. compact models and the paper's two sizes.
 # Heads are hidden/64 and the feed-forward width is 4*hidden, as in every one of them.
@@ -33,6 +74,8 @@ PRESETS: dict[str, tuple[int, int]] = {
 # nor keep them when reading, and write our own on saving.
 _FILE_KEYS = {"architectures", "model_type", "transformers_version", "_name_or_path", "dtype", "torch_dtype",
               "position_embedding_type"}  # the last is checked on reading and always written
+
+log = logging.getLogger("bertforge")
 
 
 @dataclass
@@ -51,7 +94,9 @@ class BertConfig:
     type_vocab_size: int = 2
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
+    pad_token_id: int | None = 0
+    # False gives the masked-LM decoder its own matrix instead of sharing the word embeddings.
+    tie_word_embeddings: bool = True
     # Head settings, as transformers names them.
     classifier_dropout: float | None = None
     num_labels: int = 2
@@ -72,20 +117,40 @@ class BertConfig:
                 f"config key 'hidden_size' ({self.hidden_size}) must be divisible by "
                 f"'num_attention_heads' ({self.num_attention_heads})"
             )
-        if self.hidden_act not in ACTIVATIONS:
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in HIDDEN_ACT:
             raise ConfigError(f"config key 'hidden_act' is {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"config key '{name}' must be in [0, 1), got {getattr(self, name)!r}")
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ConfigError(f"config key 'pad_token_id' ({self.pad_token_id}) is outside the vocabulary")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
+                     "initializer_range", "layer_norm_eps"):
+            value = getattr(self, name)
+            if value is None and name == "classifier_dropout":
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ConfigError(f"config key '{name}' must be a number, got {value!r}")
+            if name.endswith(("dropout_prob", "dropout")) and not 0.0 <= value < 1.0:
+                raise ConfigError(f"config key '{name}' must be in [0, 1), got {value!r}")
+            if name in ("initializer_range", "layer_norm_eps") and not value > 0:
+                raise ConfigError(f"config key '{name}' must be positive, got {value!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ConfigError(f"config key 'tie_word_embeddings' must be true or false, got {self.tie_word_embeddings!r}")
+        if self.pad_token_id is not None and (not isinstance(self.pad_token_id, int)
+                                              or not 0 <= self.pad_token_id < self.vocab_size):
+            raise ConfigError(f"config key 'pad_token_id' ({self.pad_token_id!r}) is outside the vocabulary")
         if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            try:
+                self.id2label = {int(k): str(v) for k, v in dict(self.id2label).items()}
+            except (TypeError, ValueError):
+                raise ConfigError("config key 'id2label' must map integer ids to label names") from None
             if sorted(self.id2label) != list(range(len(self.id2label))):
                 raise ConfigError("config key 'id2label' must map the ids 0..n-1 to names")
             self.num_labels = len(self.id2label)
+            inverse = {v: k for k, v in self.id2label.items()}
+            if len(inverse) != len(self.id2label):
+                raise ConfigError("config key 'id2label' gives two ids the same name")
             if self.label2id is None:
-                self.label2id = {v: k for k, v in self.id2label.items()}
+                self.label2id = inverse
+            elif {str(k): v for k, v in self.label2id.items()} != inverse:
+                raise ConfigError(f"config keys 'label2id' {self.label2id} and 'id2label' {self.id2label} disagree; "
+                                  "make label2id the inverse of id2label")
         if self.problem_type not in (None, "regression", "single_label_classification", "multi_label_classification"):
             raise ConfigError(f"config key 'problem_type' has unknown value {self.problem_type!r}")
 
@@ -123,12 +188,20 @@ class BertConfig:
         model_type = data.get("model_type", "bert")
         if model_type != "bert":
             raise ConfigError(f"{source}: model_type is {model_type!r}, but bertforge reads only 'bert' checkpoints")
-        pos_type = data.get("position_embedding_type", "absolute")
-        if pos_type != "absolute":
-            raise ConfigError(f"{source}: position_embedding_type {pos_type!r} is not supported (only 'absolute')")
+        for key, (supported, why) in REFUSED_UNLESS.items():
+            value = data.get(key, supported)
+            if value != supported:
+                raise ConfigError(f"{source}: key '{key}' is {value!r}, which bertforge cannot honour: {why}")
+        if "num_labels" in data and isinstance(data.get("id2label"), dict) and data["num_labels"] != len(data["id2label"]):
+            raise ConfigError(f"{source}: key 'num_labels' is {data['num_labels']!r} but 'id2label' names "
+                              f"{len(data['id2label'])} labels")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names and k not in _FILE_KEYS}
+        unknown = sorted(k for k in extra if k not in NO_EFFECT and k not in REFUSED_UNLESS)
+        if unknown:
+            log.warning("%s: keys %s are not BertConfig settings; they are kept when saving but change nothing, "
+                        "as in transformers", source, ", ".join(unknown))
         try:
             return cls(**known, extra=extra)
         except TypeError as exc:  # a value of the wrong type for a field

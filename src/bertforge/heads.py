@@ -64,7 +64,8 @@ class QuestionAnsweringOutput(HeadOutput):
 
 
 class MaskedLMHead(nn.Module):
-    """Transform (Linear -> GELU -> LayerNorm), then a decoder tied to the word embeddings plus its own bias."""
+    """Transform (Linear -> GELU -> LayerNorm), then a decoder (tied to the word embeddings unless the config
+    says otherwise) plus its own bias."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -73,10 +74,14 @@ class MaskedLMHead(nn.Module):
         self.transform.add_module("act", activation(config.hidden_act))
         self.transform.add_module("norm", nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # BERT ties the decoder to the word embeddings. A checkpoint with `tie_word_embeddings: false`
+        # has its own [V, H] decoder matrix (cls.predictions.decoder.weight), kept here.
+        self.decoder = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        """hidden: float [..., H]; word_embeddings: float [V, H] -> logits float [..., V]."""
-        return F.linear(self.transform(hidden), word_embeddings, self.bias)
+        """hidden: float [..., H]; word_embeddings: float [V, H] (used when tied) -> logits float [..., V]."""
+        weight = word_embeddings if self.decoder is None else self.decoder.weight
+        return F.linear(self.transform(hidden), weight, self.bias)
 
     def predict(self, hidden: torch.Tensor, word_embeddings: torch.Tensor,
                 labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:

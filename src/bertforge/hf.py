@@ -51,16 +51,20 @@ HEAD_TABLE: list[tuple[str, str]] = [
     ("mlm.transform.dense", "cls.predictions.transform.dense"),
     ("mlm.transform.norm", "cls.predictions.transform.LayerNorm"),
     ("mlm.bias", "cls.predictions.bias"),
+    ("mlm.decoder", "cls.predictions.decoder"),  # only with tie_word_embeddings: false
     ("nsp", "cls.seq_relationship"),
     ("classifier", "classifier"),
     ("qa_outputs", "qa_outputs"),
 ]
 BACKBONE_PREFIX = "bert."
 
-# Keys a checkpoint may hold that carry no information of their own: buffers, and the
-# MLM decoder, which is tied to the word embeddings (its bias is cls.predictions.bias).
+# Keys a checkpoint may hold that carry no information of their own: buffers, and the MLM
+# decoder's bias (the same tensor as cls.predictions.bias).
 DERIVED_KEYS = re.compile(r"(^|\.)embeddings\.position_ids$|(^|\.)embeddings\.token_type_ids$"
-                           r"|^cls\.predictions\.decoder\.(weight|bias)$")
+                           r"|^cls\.predictions\.decoder\.bias$")
+# The decoder matrix is derived too when it is tied to the word embeddings (transformers then
+# ignores a stored copy); with tie_word_embeddings: false it is a parameter of its own.
+TIED_DECODER_KEY = "cls.predictions.decoder.weight"
 
 
 def _compile(table: list[tuple[str, str]], prefix: str, reverse: bool) -> list[tuple[re.Pattern, str]]:
@@ -91,8 +95,8 @@ def _rename(key: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
 
 
 def hf_names(model: torch.nn.Module) -> dict[str, str]:
-    """Each of our state-dict keys -> transformers' name for the same tensor (the tied MLM decoder is
-    left out, as transformers does). Also names parameters, since they are state-dict entries."""
+    """Each of our state-dict keys -> transformers' name for the same tensor (a tied MLM decoder is
+    no entry of ours, so it is left out, as transformers does). Also names parameters."""
     rules = _rules(hasattr(model, "bert"), reverse=False)
     out = {}
     for key in model.state_dict():
@@ -106,7 +110,15 @@ def hf_names(model: torch.nn.Module) -> dict[str, str]:
 def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Our state dict under transformers' names (the tied MLM decoder is left out, as transformers does)."""
     names = hf_names(model)
-    return {names[key]: tensor for key, tensor in model.state_dict().items()}
+    state = {names[key]: tensor for key, tensor in model.state_dict().items()}
+    if _untied_decoder(model):
+        # transformers 5 gives an untied decoder a bias of its own and uses it; write our one bias under both names.
+        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()
+    return state
+
+
+def _untied_decoder(model: torch.nn.Module) -> bool:
+    return getattr(getattr(model, "mlm", None), "decoder", None) is not None
 
 
 @dataclass
@@ -129,9 +141,14 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     for key in list(state):
         if key.endswith(".gamma") or key.endswith(".beta"):
             state[key.rsplit(".", 1)[0] + (".weight" if key.endswith(".gamma") else ".bias")] = state.pop(key)
-    if "cls.predictions.bias" not in state and "cls.predictions.decoder.bias" in state:
+    # The MLM output bias: transformers ties decoder.bias to cls.predictions.bias, except that an untied
+    # decoder (tie_word_embeddings: false) in transformers 5 adds its own decoder.bias, which is the one used.
+    untied = _untied_decoder(model)
+    if "cls.predictions.decoder.bias" in state and (untied or "cls.predictions.bias" not in state):
         state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
     state = {k: v for k, v in state.items() if not DERIVED_KEYS.search(k)}
+    if not untied:
+        state.pop(TIED_DECODER_KEY, None)
 
     wants_prefix = hasattr(model, "bert")
     ckpt_has_prefix = any(k.startswith(BACKBONE_PREFIX) for k in state)

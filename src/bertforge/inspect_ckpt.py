@@ -12,7 +12,7 @@ from .errors import CheckpointError
 import torch
 
 from .heads import ARCHITECTURES
-from .hf import DERIVED_KEYS, architecture_of, from_hf_state_dict, read_config, read_weights, weights_files
+from .hf import DERIVED_KEYS, TIED_DECODER_KEY, architecture_of, from_hf_state_dict, read_config, read_weights, weights_files
 
 # The head a checkpoint carries, recognised by the first key prefix that matches.
 _HEADS = [
@@ -42,7 +42,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         shapes.update(_shapes(file))
     counts = {"embeddings": 0, "encoder": 0, "pooler": 0, "heads": 0}
     for key, shape in shapes.items():
-        if DERIVED_KEYS.search(key):
+        if DERIVED_KEYS.search(key) or (key == TIED_DECODER_KEY and config.tie_word_embeddings):
             continue  # buffers and the tied decoder hold no parameters of their own
         n = 1
         for d in shape:

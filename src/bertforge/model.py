@@ -32,22 +32,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import BertConfig
+from .config import HIDDEN_ACT, BertConfig
 from .errors import InputError
 from .padding import Packing, block_diagonal_mask, example_starts, from_sequences, pad, packing, to_sequences, unpad
 
 
 def activation(name: str) -> nn.Module:
-    """The feed-forward non-linearity named by `config.hidden_act`."""
-    if name == "gelu":  # BERT's exact GELU: x * Phi(x), with the erf form of the normal CDF
+    """The feed-forward non-linearity named by `config.hidden_act` (see `config.HIDDEN_ACT` for the aliases)."""
+    kind = HIDDEN_ACT.get(name)
+    if kind == "gelu":  # BERT's exact GELU: x * Phi(x), with the erf form of the normal CDF
         return nn.GELU()
-    if name in ("gelu_new", "gelu_pytorch_tanh"):  # the tanh approximation some checkpoints used
+    if kind == "gelu_tanh":  # the tanh approximation some checkpoints used
         return nn.GELU(approximate="tanh")
-    if name == "relu":
-        return nn.ReLU()
-    if name == "silu":
-        return nn.SiLU()
-    raise ValueError(f"unknown activation {name!r}")
+    modules = {"relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "mish": nn.Mish,
+               "relu6": nn.ReLU6, "leaky_relu": nn.LeakyReLU, "hardswish": nn.Hardswish, "identity": nn.Identity}
+    if kind not in modules:
+        raise ValueError(f"unknown activation {name!r}")
+    return modules[kind]()
 
 
 @dataclass

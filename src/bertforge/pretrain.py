@@ -221,7 +221,7 @@ def _tokenizer(cfg: PretrainConfig) -> Tokenizer:
     if cfg.tokenizer:
         return Tokenizer.from_pretrained(cfg.tokenizer)
     print(f"tokenizer: training a {cfg.vocab_size:,}-piece WordPiece vocabulary on the corpus", flush=True)
-    return Tokenizer.train(texts=_documents(cfg), vocab_size=cfg.vocab_size, lowercase=True,
+    return Tokenizer.train(texts=lambda: _documents(cfg), vocab_size=cfg.vocab_size, lowercase=True,
                            show_progress=cfg.progress)
 
 

@@ -11,7 +11,8 @@ the files transformers uses, and offers transformers' call signature.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,117 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from .errors import TokenizerError
 
+log = logging.getLogger("bertforge")
+
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # a trained vocab puts them at ids 0..4
+# The role of each special token, as tokenizer_config.json names it; a checkpoint may rename any of them.
+SPECIAL_ROLES = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
+DEFAULT_SPECIALS = dict(zip(SPECIAL_ROLES, SPECIAL_TOKENS))
 MAX_CHARS_PER_WORD = 100  # longer words become [UNK], as in BERT
+# transformers writes a huge sentinel (int(1e30)) for "no maximum length"; bertforge then uses BERT's 512.
+UNSET_MAX_LENGTH = 1_000_000
+
+# tokenizer_config.json / special_tokens_map.json keys that describe files, loading or the Python class
+# rather than how text becomes ids: they change no output, in transformers or here.
+_NO_EFFECT_KEYS = {"name_or_path", "special_tokens_map_file", "tokenizer_file", "vocab_file", "added_tokens_decoder",
+                   "model_input_names", "auto_map", "processor_class", "use_fast", "backend", "is_local",
+                   "init_inputs", "add_prefix_space", "extra_special_tokens", "additional_special_tokens",
+                   "model_specific_special_tokens", "bos_token", "eos_token",
+                   # BERT's WordPiece decoder joins "##" pieces and cleans spaces before punctuation whatever this
+                   # says; transformers' own extra clean-up pass makes the same replacements again.
+                   "clean_up_tokenization_spaces"}
+# Tokenizer classes that are BERT's WordPiece pipeline under another name.
+_BERT_CLASSES = {"BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast"}
+
+
+def _token_text(value: Any, key: str, source: Path) -> str:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict with 'content'."""
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    if isinstance(value, str) and value:
+        return value
+    raise TokenizerError(f"{source}: key '{key}' must be a token string, got {value!r}")
+
+
+def _read_json_object(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{file}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{file}: expected a JSON object")
+    return data
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """The tokenizer settings of a checkpoint directory, read as transformers' BertTokenizer reads them.
+
+    Every key of tokenizer_config.json (and special_tokens_map.json) is either honoured,
+    known to change no output, or refused with a `TokenizerError` naming it. Defaults are
+    transformers': lower-casing on, accents stripped when lower-casing, CJK characters split.
+    Returns {lowercase, strip_accents, chinese_chars, model_max_length, specials, extra_specials}.
+    """
+    config_file, map_file = path / "tokenizer_config.json", path / "special_tokens_map.json"
+    config = _read_json_object(config_file) if config_file.is_file() else {}
+    token_map = _read_json_object(map_file) if map_file.is_file() else {}
+    specials = dict(DEFAULT_SPECIALS)
+    for role in SPECIAL_ROLES:
+        found = {src: _token_text(d[role], role, src) for src, d in ((map_file, token_map), (config_file, config))
+                 if d.get(role) is not None}
+        if len(set(found.values())) > 1:
+            raise TokenizerError(f"{path}: '{role}' is {' in '.join(map(repr, found.values()))} in the two files "
+                                 f"{' and '.join(f.name for f in found)}; make them agree")
+        if found:
+            specials[role] = next(iter(found.values()))
+
+    def flag(key: str, default: Any, allowed: tuple) -> Any:
+        value = config.get(key, default)
+        if value not in allowed or (value is not None and not isinstance(value, bool)):
+            raise TokenizerError(f"{config_file}: key '{key}' must be {' or '.join(map(json.dumps, allowed))}, "
+                                 f"got {value!r}")
+        return value
+
+    def refuse_unless(key: str, ok: Callable[[Any], bool], why: str) -> None:
+        if key in config and not ok(config[key]):
+            raise TokenizerError(f"{config_file}: key '{key}' = {config[key]!r} is not supported: {why}")
+
+    settings = {
+        "lowercase": flag("do_lower_case", True, (True, False)),
+        "strip_accents": flag("strip_accents", None, (True, False, None)),
+        "chinese_chars": flag("tokenize_chinese_chars", True, (True, False)),
+        "specials": specials,
+    }
+    max_len = config.get("model_max_length", config.get("max_len"))
+    if max_len is None or (isinstance(max_len, (int, float)) and max_len >= UNSET_MAX_LENGTH):
+        max_len = 512
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len <= 0:
+        raise TokenizerError(f"{config_file}: key 'model_max_length' must be a positive integer, got {max_len!r}")
+    settings["model_max_length"] = max_len
+    refuse_unless("never_split", lambda v: not v, "transformers' fast BertTokenizer ignores it while the slow one "
+                  "honours it, so its meaning depends on the class; remove it or list the words as added tokens")
+    refuse_unless("do_basic_tokenize", lambda v: v is True, "only BERT's basic tokenizer (punctuation and "
+                  "whitespace splitting) is implemented")
+    refuse_unless("tokenizer_class", lambda v: v in _BERT_CLASSES, "bertforge reads BERT WordPiece tokenizers only")
+    refuse_unless("padding_side", lambda v: v == "right", "BERT pads on the right")
+    refuse_unless("truncation_side", lambda v: v == "right", "bertforge truncates on the right")
+    refuse_unless("split_special_tokens", lambda v: v is False, "special tokens typed in the text are kept whole")
+    refuse_unless("pad_token_type_id", lambda v: v == 0, "padding uses segment id 0")
+    extra = []
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        value = config.get(key, token_map.get(key)) or []
+        if isinstance(value, dict):  # transformers 5 writes {name: token}
+            value = list(value.values())
+        if not isinstance(value, list):
+            raise TokenizerError(f"{config_file}: key '{key}' must be a list of tokens, got {value!r}")
+        extra += [_token_text(v, key, config_file) for v in value]
+    settings["extra_specials"] = extra
+    known = {"do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length", "max_len", "never_split", "do_basic_tokenize", "tokenizer_class", "padding_side",
+             "truncation_side", "split_special_tokens", "pad_token_type_id", *SPECIAL_ROLES, *_NO_EFFECT_KEYS}
+    unknown = sorted(k for k in config if k not in known)
+    if unknown:
+        log.warning("%s: keys %s are not BertTokenizer settings; transformers ignores them and so does bertforge",
+                    config_file, ", ".join(unknown))
+    return settings
 
 
 def read_vocab(file: str | Path) -> dict[str, int]:
@@ -53,21 +163,33 @@ def bert_normalizer(lowercase: bool, strip_accents: bool | None = None, chinese_
                                       strip_accents=strip_accents, lowercase=lowercase)
 
 
-def _finish_backend(backend: Backend) -> Backend:
-    """Add the [CLS]/[SEP] template and the WordPiece decoder to a backend that has a vocabulary."""
-    ids = {t: backend.token_to_id(t) for t in ("[CLS]", "[SEP]")}
-    missing = [t for t, i in ids.items() if i is None]
+def _finish_backend(backend: Backend, specials: dict[str, str] | None = None, extra_specials: list[str] = ()) -> Backend:
+    """Add the [CLS]/[SEP] template, the special tokens and the WordPiece decoder to a backend with a vocabulary."""
+    specials = specials or DEFAULT_SPECIALS
+    missing = [f"{specials[r]!r} ({r})" for r in SPECIAL_ROLES if backend.token_to_id(specials[r]) is None]
+    missing += [f"{t!r} (additional special token)" for t in extra_specials if backend.token_to_id(t) is None]
     if missing:
         raise TokenizerError(f"vocabulary lacks the special token(s) {', '.join(missing)}")
+    cls, sep = specials["cls_token"], specials["sep_token"]
     backend.post_processor = processors.TemplateProcessing(
-        single="[CLS]:0 $A:0 [SEP]:0",
-        pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+        single=f"{cls}:0 $A:0 {sep}:0",
+        pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, backend.token_to_id(cls)), (sep, backend.token_to_id(sep))],
     )
     backend.decoder = decoders.WordPiece(prefix="##")
+    backend.model.unk_token = specials["unk_token"]
     # Special tokens typed in the text ("[MASK]") are matched whole, before normalisation.
-    backend.add_special_tokens([t for t in SPECIAL_TOKENS if backend.token_to_id(t) is not None])
+    backend.add_special_tokens([specials[r] for r in SPECIAL_ROLES] + list(extra_specials))
     return backend
+
+
+def _normalizer_behaviour(spec: dict | None) -> Any:
+    """What a serialised normalizer does, with BertNormalizer's `strip_accents: null` resolved (it follows lowercase)."""
+    if not spec or spec.get("type") != "BertNormalizer":
+        return spec
+    strip = spec.get("strip_accents")
+    return (spec.get("clean_text"), spec.get("handle_chinese_chars"), spec.get("lowercase") if strip is None else strip,
+            spec.get("lowercase"))
 
 
 class Encoding(dict):
@@ -89,11 +211,15 @@ class Tokenizer:
     """WordPiece tokenizer with BERT's conventions and transformers' call signature."""
 
     def __init__(self, backend: Backend, lowercase: bool = True, strip_accents: bool | None = None,
-                 model_max_length: int = 512) -> None:
+                 model_max_length: int = 512, chinese_chars: bool = True,
+                 specials: dict[str, str] | None = None, extra_specials: list[str] = ()) -> None:
         self.backend = backend
         self.lowercase = lowercase
         self.strip_accents = strip_accents
+        self.chinese_chars = chinese_chars
         self.model_max_length = model_max_length
+        self.specials = dict(specials or DEFAULT_SPECIALS)
+        self.extra_specials = list(extra_specials)
         self.backend.no_truncation()
         self.backend.no_padding()
 
@@ -101,84 +227,115 @@ class Tokenizer:
     @classmethod
     def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True, strip_accents: bool | None = None,
                    chinese_chars: bool = True, model_max_length: int = 512) -> "Tokenizer":
-        backend = Backend(models.WordPiece(read_vocab(vocab_file), unk_token="[UNK]",
-                                           max_input_chars_per_word=MAX_CHARS_PER_WORD))
-        backend.normalizer = bert_normalizer(lowercase, strip_accents, chinese_chars)
+        return cls._assemble(Backend(models.WordPiece(read_vocab(vocab_file), unk_token="[UNK]",
+                                                      max_input_chars_per_word=MAX_CHARS_PER_WORD)),
+                             Path(vocab_file), {"lowercase": lowercase, "strip_accents": strip_accents,
+                                                "chinese_chars": chinese_chars, "model_max_length": model_max_length})
+
+    @classmethod
+    def _assemble(cls, backend: Backend, source: Path, settings: dict[str, Any]) -> "Tokenizer":
+        """BERT's pipeline around a WordPiece vocabulary, configured by `settings` (see `read_settings`)."""
+        settings = {"strip_accents": None, "chinese_chars": True, "model_max_length": 512,
+                    "specials": DEFAULT_SPECIALS, "extra_specials": [], **settings}
+        backend.normalizer = bert_normalizer(settings["lowercase"], settings["strip_accents"], settings["chinese_chars"])
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         try:
-            _finish_backend(backend)
+            _finish_backend(backend, settings["specials"], settings["extra_specials"])
         except TokenizerError as exc:
-            raise TokenizerError(f"{vocab_file}: {exc}") from None
-        return cls(backend, lowercase, strip_accents, model_max_length)
+            raise TokenizerError(f"{source}: {exc}") from None
+        return cls(backend, settings["lowercase"], settings["strip_accents"], settings["model_max_length"],
+                   settings["chinese_chars"], settings["specials"], settings["extra_specials"])
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "Tokenizer":
         """Load from a directory holding tokenizer.json or vocab.txt (or from a vocab.txt file itself).
 
-        `tokenizer_config.json`, when present, decides lower-casing and accent stripping,
-        as it does for transformers.
+        The vocabulary comes from tokenizer.json (or vocab.txt). The rest of the pipeline is
+        built from tokenizer_config.json exactly as transformers' BertTokenizer builds it:
+        `do_lower_case`, `strip_accents`, `tokenize_chinese_chars`, the special tokens and
+        `model_max_length`, with transformers' defaults for the keys that are absent. Like
+        transformers, this replaces whatever normaliser tokenizer.json carries; a warning
+        says so when the two disagree. Keys that cannot be honoured are refused.
         """
         path = Path(path)
         if path.is_file():
             return cls.from_vocab(path)
         if not path.is_dir():
             raise TokenizerError(f"{path}: no such tokenizer directory or vocab file")
-        settings: dict[str, Any] = {}
-        config_file = path / "tokenizer_config.json"
-        if config_file.is_file():
+        settings = read_settings(path)
+        json_file = path / "tokenizer.json"
+        if json_file.is_file():
             try:
-                settings = json.loads(config_file.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise TokenizerError(f"{config_file}: not valid JSON ({exc})") from None
-        lowercase = settings.get("do_lower_case")
-        strip_accents = settings.get("strip_accents")
-        chinese = settings.get("tokenize_chinese_chars", True)
-        max_len = settings.get("model_max_length", 512)
-        if not isinstance(max_len, int) or max_len > 1_000_000:  # transformers writes a huge sentinel for "unset"
-            max_len = 512
-
-        if (path / "tokenizer.json").is_file():
-            try:
-                backend = Backend.from_file(str(path / "tokenizer.json"))
+                backend = Backend.from_file(str(json_file))
             except Exception as exc:  # the Rust side raises a plain Exception
-                raise TokenizerError(f"{path / 'tokenizer.json'}: cannot read ({exc})") from None
-            norm = json.loads(backend.to_str()).get("normalizer") or {}
-            if lowercase is None:
-                lowercase = bool(norm.get("lowercase", True))
-            elif norm.get("type") == "BertNormalizer" and (
-                    norm.get("lowercase") != lowercase or norm.get("strip_accents") != strip_accents):
-                backend.normalizer = bert_normalizer(lowercase, strip_accents, chinese)
-            return cls(backend, lowercase, strip_accents, max_len)
+                raise TokenizerError(f"{json_file}: cannot read ({exc})") from None
+            spec = json.loads(backend.to_str())
+            if (spec.get("model") or {}).get("type") != "WordPiece":
+                raise TokenizerError(f"{json_file}: model type {(spec.get('model') or {}).get('type')!r} is not "
+                                     "WordPiece; bertforge reads BERT tokenizers only")
+            if _normalizer_behaviour(spec.get("normalizer")) != _normalizer_behaviour(
+                    {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": settings["chinese_chars"],
+                     "strip_accents": settings["strip_accents"], "lowercase": settings["lowercase"]}):
+                log.warning("%s: its normalizer %s is replaced by the one tokenizer_config.json describes "
+                            "(lowercase=%s, strip_accents=%s, tokenize_chinese_chars=%s), as transformers does",
+                            json_file, json.dumps(spec.get("normalizer")), settings["lowercase"],
+                            settings["strip_accents"], settings["chinese_chars"])
+            return cls._assemble(backend, json_file, settings)
         if (path / "vocab.txt").is_file():
-            return cls.from_vocab(path / "vocab.txt", True if lowercase is None else lowercase,
-                                  strip_accents, chinese, max_len)
+            vocab = read_vocab(path / "vocab.txt")
+            unk = settings["specials"]["unk_token"]
+            return cls._assemble(Backend(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=MAX_CHARS_PER_WORD)),
+                                 path / "vocab.txt", settings)
         raise TokenizerError(f"{path}: no tokenizer.json or vocab.txt")
 
     @classmethod
     def train(cls, files: Iterable[str | Path] | None = None, vocab_size: int = 30522, lowercase: bool = True,
-              min_frequency: int = 2, texts: Iterable[str] | None = None, limit_alphabet: int = 1000,
-              show_progress: bool = False) -> "Tokenizer":
+              min_frequency: int = 2, texts: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+              limit_alphabet: int = 1000, show_progress: bool = False) -> "Tokenizer":
         """Train a new WordPiece vocabulary on text files and/or an iterable of strings.
 
         The special tokens come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
         Files are read as UTF-8 and an invalid byte is reported with its file and offset.
+
+        The same text and settings always give the same vocabulary, byte for byte. The
+        `tokenizers` trainer alone does not (huggingface/tokenizers#1794): it numbers the
+        `##c` continuation pieces in hash-map order, and those numbers break ties between
+        equally frequent merges. So training runs twice. The first pass, which stops before
+        any merge, finds which `##c` pieces the corpus has; the second lists them, sorted,
+        right after the special tokens, so each has a fixed number before merging starts.
+        `texts` may be a function that returns a fresh iterable of strings, so that a large
+        corpus is streamed twice; a one-shot iterator is kept in memory for the second pass.
         """
-        backend = Backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_CHARS_PER_WORD))
-        backend.normalizer = bert_normalizer(lowercase)
-        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=SPECIAL_TOKENS, limit_alphabet=limit_alphabet,
-                                            continuing_subword_prefix="##", show_progress=show_progress)
+        if texts is None:
+            texts = []
+        elif not callable(texts) and iter(texts) is texts:  # a generator: it can be read only once
+            texts = list(texts)
+        files = [Path(f) for f in files or []]
 
         def stream() -> Iterator[str]:
-            for file in files or []:
-                yield from _read_lines(Path(file))
-            yield from texts or []
+            for file in files:
+                yield from _read_lines(file)
+            yield from texts() if callable(texts) else texts
 
-        backend.train_from_iterator(stream(), trainer=trainer)
-        if backend.get_vocab_size() <= len(SPECIAL_TOKENS):
+        def run(size: int, specials: list[str], progress: bool) -> Backend:
+            backend = Backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_CHARS_PER_WORD))
+            backend.normalizer = bert_normalizer(lowercase)
+            backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=min_frequency, special_tokens=specials,
+                                                limit_alphabet=limit_alphabet, continuing_subword_prefix="##",
+                                                show_progress=progress)
+            backend.train_from_iterator(stream(), trainer=trainer)
+            return backend
+
+        first = run(len(SPECIAL_TOKENS), SPECIAL_TOKENS, False)
+        pieces = sorted(t for t in first.get_vocab() if t.startswith("##") and len(t) == 3)
+        trained = run(vocab_size, SPECIAL_TOKENS + pieces, show_progress)
+        if trained.get_vocab_size() <= len(SPECIAL_TOKENS):
             raise TokenizerError("tokenizer training found no text: the corpus is empty")
-        return cls(_finish_backend(backend), lowercase)
+        # Rebuild from the vocabulary alone, so that the `##c` pieces are ordinary tokens again.
+        vocab = trained.get_vocab(with_added_tokens=True)
+        backend = Backend(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_CHARS_PER_WORD))
+        return cls._assemble(backend, Path("<trained>"), {"lowercase": lowercase})
 
     def save(self, path: str | Path) -> None:
         """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
@@ -187,10 +344,11 @@ class Tokenizer:
         vocab = sorted(self.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
         (path / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
         self.backend.save(str(path / "tokenizer.json"))
-        specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-                    "cls_token": "[CLS]", "mask_token": "[MASK]"}
+        specials = dict(self.specials)
+        if self.extra_specials:
+            specials["additional_special_tokens"] = self.extra_specials
         config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
-                  "strip_accents": self.strip_accents, "tokenize_chinese_chars": True,
+                  "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.chinese_chars,
                   "model_max_length": self.model_max_length, **specials}
         (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         (path / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
@@ -219,16 +377,16 @@ class Tokenizer:
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.backend.id_to_token(int(i)) for i in ids]
 
-    pad_token_id = property(lambda self: self.backend.token_to_id("[PAD]"))
-    unk_token_id = property(lambda self: self.backend.token_to_id("[UNK]"))
-    cls_token_id = property(lambda self: self.backend.token_to_id("[CLS]"))
-    sep_token_id = property(lambda self: self.backend.token_to_id("[SEP]"))
-    mask_token_id = property(lambda self: self.backend.token_to_id("[MASK]"))
+    pad_token_id = property(lambda self: self.backend.token_to_id(self.specials["pad_token"]))
+    unk_token_id = property(lambda self: self.backend.token_to_id(self.specials["unk_token"]))
+    cls_token_id = property(lambda self: self.backend.token_to_id(self.specials["cls_token"]))
+    sep_token_id = property(lambda self: self.backend.token_to_id(self.specials["sep_token"]))
+    mask_token_id = property(lambda self: self.backend.token_to_id(self.specials["mask_token"]))
+    mask_token = property(lambda self: self.specials["mask_token"])
 
     @property
     def special_ids(self) -> set[int]:
-        return {i for i in (self.pad_token_id, self.unk_token_id, self.cls_token_id, self.sep_token_id,
-                            self.mask_token_id) if i is not None}
+        return {self.backend.token_to_id(t) for t in [*self.specials.values(), *self.extra_specials]}
 
     # ----------------------------------------------------------------- encoding
     def tokenize(self, text: str) -> list[str]:
@@ -299,7 +457,7 @@ class Tokenizer:
                 target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
             for enc in encodings:
                 if len(enc.ids) < target:
-                    enc.pad(target, pad_id=self.pad_token_id, pad_type_id=0, pad_token="[PAD]")
+                    enc.pad(target, pad_id=self.pad_token_id, pad_type_id=0, pad_token=self.specials["pad_token"])
 
         data: dict[str, Any] = {
             "input_ids": [e.ids for e in encodings],
