@@ -308,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--joint", action="store_true", help="fill-mask: fill all masks, most confident first")
     p.add_argument("--aggregation", default="first", choices=["first", "average", "max"],
                    help="ner: how sub-token scores become word labels")
-    p.add_argument("--pooling", choices=["mean", "cls", "max", "pooler"],
+    p.add_argument("--pooling", choices=["mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken",
+                                         "pooler"],
                    help="embed/similarity pooling (default: the sentence-transformers setting, else mean)")
     p.add_argument("--normalize", action="store_true", help="embed: L2-normalise the vectors")
     p.add_argument("--against", help="similarity: file of candidates; print the --top-k matches of each input")

@@ -15,8 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
+import torch.nn.functional as F
+
 from .errors import InputError
 from .heads import BertForMaskedLM, BertForPreTraining
+from .sentence_dir import POOLING_MODES, SentencePipeline
 from .tasks import collate
 from .tokenizer import Tokenizer
 
@@ -179,68 +182,48 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
 
 
 # ----------------------------------------------------------------------------- embeddings
-def sentence_transformers_settings(model_dir: str | Path) -> dict | None:
-    """Pooling, normalisation and max length of a sentence-transformers directory
-    (modules.json, 1_Pooling/config.json, sentence_bert_config.json), or None for a plain checkpoint."""
-    model_dir = Path(model_dir)
-    modules_file = model_dir / "modules.json"
-    if not modules_file.is_file():
-        return None
-    settings: dict = {"pooling": "mean", "normalize": False, "max_length": None}
-    for module in json.loads(modules_file.read_text(encoding="utf-8")):
-        kind = module.get("type", "")
-        if kind.endswith("Pooling"):
-            cfg = json.loads((model_dir / module["path"] / "config.json").read_text(encoding="utf-8"))
-            if cfg.get("pooling_mode_cls_token"):
-                settings["pooling"] = "cls"
-            elif cfg.get("pooling_mode_max_tokens"):
-                settings["pooling"] = "max"
-        if kind.endswith("Normalize"):
-            settings["normalize"] = True
-    bert_config = model_dir / "sentence_bert_config.json"
-    if bert_config.is_file():
-        settings["max_length"] = json.loads(bert_config.read_text(encoding="utf-8")).get("max_seq_length")
-    return settings
+EMBED_POOLING = ("pooler", *POOLING_MODES)
 
 
 @torch.no_grad()
 def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", normalize: bool = False,
-          batch_size: int = 32, max_length: int | None = None, progress: bool = False) -> np.ndarray:
-    """Sentence vectors, float32 [len(texts), H]: mean over real tokens, [CLS], max, or the pooler."""
-    if pooling not in ("mean", "cls", "pooler", "max"):
-        raise InputError(f"unknown pooling {pooling!r} (mean, cls, max or pooler)")
+          batch_size: int = 32, max_length: int | None = None, progress: bool = False,
+          sentence: SentencePipeline | None = None) -> np.ndarray:
+    """Sentence vectors, float32 [len(texts), D].
+
+    With `sentence` (read from a sentence-transformers directory by `read_sentence_dir`), its
+    pooling, Dense layers, normalisation, prompt, lower-casing and maximum length are applied,
+    as sentence-transformers applies them. Otherwise `pooling` is one of sentence-transformers'
+    modes (mean over real tokens, cls, max, ...) or "pooler" (the backbone's tanh pooler).
+    """
+    if sentence is None:
+        if pooling not in EMBED_POOLING:
+            raise InputError(f"unknown pooling {pooling!r} ({', '.join(EMBED_POOLING)})")
+        sentence = SentencePipeline(steps=[("pool", (pooling,))] + ([("normalize", None)] if normalize else []))
     backbone = getattr(model, "bert", model)
     backbone.eval()
-    if pooling == "pooler" and backbone.pooler is None:
+    use_pooler = sentence.pooling == ("pooler",)
+    if use_pooler and backbone.pooler is None:
         raise InputError("this model has no pooler; use --pooling mean or cls")
-    max_length = max_length or tokenizer.model_max_length
+    if sentence.lowercase:
+        tokenizer = tokenizer.lowercased()
+    if sentence.prompt:
+        texts = [sentence.prompt + t for t in texts]
+    max_length = min(sentence.max_length or max_length or tokenizer.model_max_length,
+                     backbone.config.max_position_embeddings)
 
     def step(batch, rows):
         batch = {k: v.to(_device(backbone)) for k, v in batch.items()}
         out = backbone(**batch)
-        h = out.last_hidden_state.float()
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        if pooling == "mean":
-            v = (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        elif pooling == "max":
-            v = h.masked_fill(mask == 0, -1e9).max(1).values
-        elif pooling == "cls":
-            v = h[:, 0]
-        else:
+        if use_pooler:
             v = out.pooler_output.float()
-        if normalize:
-            v = torch.nn.functional.normalize(v, p=2, dim=-1)
+            v = F.normalize(v, p=2, dim=-1) if sentence.normalize else v
+        else:
+            v = sentence(out.last_hidden_state.float(), batch["attention_mask"])
         return list(v.cpu().numpy())
 
-    vectors = _run_sorted(texts, tokenizer, min(max_length, backbone.config.max_position_embeddings), batch_size,
-                          step, progress=progress)
+    vectors = _run_sorted(texts, tokenizer, max_length, batch_size, step, progress=progress)
     return np.stack(vectors) if vectors else np.zeros((0, backbone.config.hidden_size), dtype=np.float32)
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=-1, keepdims=True).clip(1e-12)
-    b = b / np.linalg.norm(b, axis=-1, keepdims=True).clip(1e-12)
-    return a @ b.T
 
 
 def read_inputs(texts: list[str], input_file: str | None, stdin_lines: list[str] | None = None) -> list[Any]:

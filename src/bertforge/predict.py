@@ -80,24 +80,28 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
         for text, entities in zip(texts, pipelines.ner(model, tokenizer, texts, aggregation)):
             yield {"text": text, "entities": entities}
     else:
-        settings = pipelines.sentence_transformers_settings(model_dir) or {}
-        pool = pooling or settings.get("pooling", "mean")
-        norm = settings.get("normalize", False) if normalize is None else normalize
-        max_len = settings.get("max_length")
-        encode = lambda xs: pipelines.embed(model, tokenizer, xs, pool, norm, batch_size, max_len,  # noqa: E731
-                                            progress=progress)
+        import torch
+
+        from .sentence_dir import sentence_pipeline, similarity
+
+        sentence = sentence_pipeline(model_dir, model.config.hidden_size, pooling, bool(normalize))
+
+        def encode(xs: list[str]):
+            return torch.from_numpy(pipelines.embed(model, tokenizer, xs, batch_size=batch_size, progress=progress,
+                                                    sentence=sentence))
+
         if task == "embed":
             for vector in encode(texts):
                 yield {"embedding": [round(float(x), 7) for x in vector]}
         elif against:
-            scores = pipelines.cosine(encode(texts), encode(against))
+            scores = similarity(encode(texts), encode(against), sentence.similarity)
             for text, row in zip(texts, scores):
-                best = row.argsort()[::-1][:top_k]
+                best = row.argsort(descending=True)[:top_k].tolist()
                 yield {"text": text, "matches": [{"text": against[j], "score": float(row[j])} for j in best]}
         else:
             if any(p is None for p in pairs):
                 raise InputError("similarity needs pairs: JSON {'text', 'text_pair'} per input, or --against FILE")
             a, b = encode(texts), encode(list(pairs))
-            for text, pair, score in zip(texts, pairs, (a * b).sum(-1) / (
-                    (a ** 2).sum(-1) ** 0.5 * (b ** 2).sum(-1) ** 0.5)):
-                yield {"text": text, "text_pair": pair, "similarity": float(score)}
+            scores = [float(similarity(x[None], y[None], sentence.similarity)[0, 0]) for x, y in zip(a, b)]
+            for text, pair, score in zip(texts, pairs, scores):
+                yield {"text": text, "text_pair": pair, "similarity": score}

@@ -102,13 +102,14 @@ def create_app(model_dir: str, limits: Limits | None = None):
     from .errors import BertforgeError
     from .heads import ARCHITECTURES
     from .hf import architecture_of
+    from .sentence_dir import sentence_pipeline
     from .tokenizer import Tokenizer
 
     limits = limits or Limits()
     architecture = architecture_of(model_dir)
     model = ARCHITECTURES.get(architecture, ARCHITECTURES["BertModel"]).from_pretrained(model_dir).eval()
     tokenizer = Tokenizer.from_pretrained(model_dir)
-    st = pipelines.sentence_transformers_settings(model_dir) or {}
+    sentence = sentence_pipeline(model_dir, model.config.hidden_size)
     backbone = getattr(model, "bert", model)
     torch.set_grad_enabled(False)
 
@@ -120,9 +121,7 @@ def create_app(model_dir: str, limits: Limits | None = None):
         "qa": architecture == "BertForQuestionAnswering",
     }
     runners = {
-        "embed": lambda texts: [v.tolist() for v in pipelines.embed(
-            backbone, tokenizer, texts, st.get("pooling", "mean"), st.get("normalize", False),
-            max_length=st.get("max_length"))],
+        "embed": lambda texts: [v.tolist() for v in pipelines.embed(backbone, tokenizer, texts, sentence=sentence)],
         "fill-mask": lambda texts: pipelines.fill_mask(model, tokenizer, texts),
         "classify": lambda texts: pipelines.classify(model, tokenizer, texts),
         "ner": lambda texts: pipelines.ner(model, tokenizer, texts),

@@ -35,7 +35,7 @@ UNSET_MAX_LENGTH = 1_000_000
 # rather than how text becomes ids: they change no output, in transformers or here.
 _NO_EFFECT_KEYS = {"name_or_path", "special_tokens_map_file", "tokenizer_file", "vocab_file", "added_tokens_decoder",
                    "model_input_names", "auto_map", "processor_class", "use_fast", "backend", "is_local",
-                   "init_inputs", "add_prefix_space", "extra_special_tokens", "additional_special_tokens",
+                   "init_inputs", "add_prefix_space", "local_files_only", "extra_special_tokens", "additional_special_tokens",
                    "model_specific_special_tokens", "bos_token", "eos_token",
                    # BERT's WordPiece decoder joins "##" pieces and cleans spaces before punctuation whatever this
                    # says; transformers' own extra clean-up pass makes the same replacements again.
@@ -352,6 +352,16 @@ class Tokenizer:
                   "model_max_length": self.model_max_length, **specials}
         (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         (path / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+
+    def lowercased(self) -> "Tokenizer":
+        """A copy that lower-cases its input first, as sentence-transformers' `do_lower_case` does
+        (a Lowercase normaliser in front of the existing one; accents are left as they were)."""
+        if self.lowercase:
+            return self
+        backend = Backend.from_str(self.backend.to_str())
+        backend.normalizer = normalizers.Sequence([normalizers.Lowercase(), backend.normalizer])
+        return Tokenizer(backend, self.lowercase, self.strip_accents, self.model_max_length, self.chinese_chars,
+                         self.specials, self.extra_specials)
 
     # ----------------------------------------------------------------- vocabulary
     @property
