@@ -124,7 +124,7 @@ def test_predict_cli_inputs_and_bad_input(tmp_path, minilm_dir):
                              "a dog runs").stdout)
     assert top["matches"][0]["text"] == "a puppy is running"
     for args, stdin, message in [
-        (("fill-mask", "--model", str(minilm_dir), "x [MASK]"), None, "no BertForMaskedLM head"),
+        (("fill-mask", "--model", str(minilm_dir), "x [MASK]"), None, "has no head for fill-mask"),
         (("embed", "--model", str(minilm_dir), "--input", str(tmp_path / "blank.txt")), None, "blank.txt:2: empty line"),
         (("embed", "--model", str(minilm_dir), "--input", str(tmp_path / "latin1.txt")), None, "latin1.txt: not UTF-8"),
         (("embed", "--model", str(minilm_dir)), "", "<stdin>: no inputs"),

@@ -2,14 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,41 +9,13 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def call(port: int, path: str, body: bytes | dict | None = None) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+from server_utils import call, running_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server(minilm_dir):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", str(minilm_dir), "--port",
-                             str(port), "--max-texts", "4", "--max-chars", "200", "--max-body-bytes", "5000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if call(port, "/health")[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.3)
-        assert proc.poll() is None, proc.stderr.read().decode()
-    yield port
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server(minilm_dir, "--max-texts", "4", "--max-chars", "200", "--max-body-bytes", "5000") as (port, _):
+        yield port
 
 
 def test_health_and_docs(server):

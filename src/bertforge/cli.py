@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import math
 import re
 import sys
 from pathlib import Path
@@ -50,6 +51,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag or value is one line on stderr (naming the command) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def checked(convert):
+    """An argparse `type` that reports bertforge's own errors (and non-finite numbers) as bad values."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except BertforgeError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"invalid {convert.__name__} value: {text!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
 def field_help(cls: type) -> dict[str, str]:
     """The `# comment` after each dataclass field, used as that flag's help (one source of truth)."""
     out: dict[str, str] = {}
@@ -79,9 +104,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: set[st
         elif f.name == "time_budget":
             from .train import parse_duration
 
-            parser.add_argument(flag, type=parse_duration, default=None, help=f"{help_text}, e.g. 30m, 2h")
+            parser.add_argument(flag, type=checked(parse_duration), default=None, help=f"{help_text}, e.g. 30m, 2h")
         elif kind.startswith("float"):
-            parser.add_argument(flag, type=float, default=None, help=f"{help_text} (default {default})")
+            parser.add_argument(flag, type=checked(float), default=None, help=f"{help_text} (default {default})")
         else:
             parser.add_argument(flag, default=None, help=f"{help_text} (default {default})")
 
@@ -178,6 +203,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .errors import require
+
+    require("serve", "fastapi", "uvicorn", "pydantic", what="bertforge serve")
     from .server import Limits, serve
 
     serve(args.model, args.host, args.port, Limits(max_body_bytes=args.max_body_bytes, max_texts=args.max_texts,
@@ -213,7 +241,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="bertforge",
         description="A readable BERT that pretrains, fine-tunes and serves, with Hugging Face checkpoint parity.",
     )
@@ -313,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embed/similarity pooling (default: the sentence-transformers setting, else mean)")
     p.add_argument("--normalize", action="store_true", help="embed: L2-normalise the vectors")
     p.add_argument("--against", help="similarity: file of candidates; print the --top-k matches of each input")
-    p.add_argument("--null-threshold", type=float, help="qa (SQuAD v2 models): answer '' above this null margin")
+    p.add_argument("--null-threshold", type=checked(float), help="qa (SQuAD v2 models): answer '' above this null margin")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the encoder first (a one-off ~20 s; ~1.2x faster after, for large inputs)")
     p.set_defaults(func=cmd_predict)
@@ -327,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="larger bodies get 413")
     p.add_argument("--max-texts", type=int, default=64, help="texts per request (else 422)")
     p.add_argument("--max-chars", type=int, default=10_000, help="characters per text (else 422)")
-    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a request waits to batch with others")
+    p.add_argument("--batch-wait-ms", type=checked(float), default=5.0, help="how long a request waits to batch with others")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("attention", help="draw attention heatmaps (PNG grid, or an interactive HTML page)",
@@ -364,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("data")
     p.add_argument("predictions")
     p.add_argument("--na-probs", help="v2: JSON of question id -> no-answer probability")
-    p.add_argument("--threshold", type=float, default=1.0, help="v2: no-answer probability threshold")
+    p.add_argument("--threshold", type=checked(float), default=1.0, help="v2: no-answer probability threshold")
     p.set_defaults(func=cmd_score)
     p = scoring.add_parser("ner", help="entity-level precision/recall/F1 of two CoNLL files",
                            description="GOLD and PRED are CoNLL column files with aligned tokens and the tag in "

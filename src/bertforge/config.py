@@ -148,9 +148,11 @@ class BertConfig:
                 raise ConfigError("config key 'id2label' gives two ids the same name")
             if self.label2id is None:
                 self.label2id = inverse
-            elif {str(k): v for k, v in self.label2id.items()} != inverse:
+            elif not isinstance(self.label2id, dict) or {str(k): v for k, v in self.label2id.items()} != inverse:
                 raise ConfigError(f"config keys 'label2id' {self.label2id} and 'id2label' {self.id2label} disagree; "
                                   "make label2id the inverse of id2label")
+        if self.label2id is not None and not isinstance(self.label2id, dict):
+            raise ConfigError(f"config key 'label2id' must map label names to ids, got {self.label2id!r}")
         if self.problem_type not in (None, "regression", "single_label_classification", "multi_label_classification"):
             raise ConfigError(f"config key 'problem_type' has unknown value {self.problem_type!r}")
 

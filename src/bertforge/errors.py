@@ -22,9 +22,29 @@ class CheckpointError(BertforgeError):
     """A checkpoint directory or weights file is missing, corrupt or mismatched."""
 
 
-class TokenizerError(BertforgeError):
+class TokenizerError(BertforgeError, ValueError):
     """A vocabulary or tokenizer file cannot be read."""
 
 
 class InputError(BertforgeError, ValueError):
     """Tensors or data handed to bertforge are out of range or malformed."""
+
+
+class MissingDependency(BertforgeError):
+    """An optional library a command needs is not installed."""
+
+
+def require(extra: str, *modules: str, what: str) -> None:
+    """Refuse, in one line naming the pip extra, when any of `modules` cannot be imported."""
+    import importlib.util
+
+    missing = []
+    for name in modules:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):  # a broken or half-removed installation counts as missing
+            missing.append(name)
+    if missing:
+        raise MissingDependency(f"{what} needs {', '.join(missing)}, which is not installed: "
+                                f"pip install \"bertforge[{extra}]\"")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import BertforgeError
+from .errors import BertforgeError, require
 from .heads import ARCHITECTURES
 from .hf import architecture_of
 
@@ -56,10 +56,8 @@ def _sample(vocab: int, batch: int, length: int, seed: int) -> dict[str, torch.T
 
 def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18) -> dict:
     """Export, check against PyTorch with ONNX Runtime, and optionally quantise. Returns a report."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise BertforgeError("ONNX export needs `pip install onnx onnxruntime onnxscript`") from None
+    require("export", "onnx", "onnxruntime", "onnxscript", what="ONNX export")
+    import onnxruntime as ort
     out_path = Path(out)
     if out_path.exists():
         raise BertforgeError(f"{out_path}: already exists; choose another --out")

@@ -23,7 +23,9 @@ from .data.classification import (Columns, check_labels, label_set, read_example
                                   truncate_ids)
 from .data.ner import align_labels, read_sentences
 from .errors import BertforgeError, InputError
-from .heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from .heads import (TASK_ARCHITECTURES, BertForQuestionAnswering, BertForSequenceClassification,
+                    BertForTokenClassification)
+from .hf import load_for_task
 from .tasks import ClassificationTask, QuestionAnsweringTask, TokenClassificationTask
 from .tokenizer import Tokenizer
 from .train import TrainConfig, Trainer
@@ -252,8 +254,7 @@ def run_finetune(cfg: FinetuneConfig) -> dict[str, Any]:
 def run_evaluate(task: str, model_dir: str, data: str, seq_len: int | None = None, batch_size: int = 32,
                  columns: Columns | None = None, predictions: str | None = None) -> dict[str, Any]:
     """Metrics of a fine-tuned checkpoint on a labelled file (and its predictions, one JSON per line)."""
-    cls = {"ner": BertForTokenClassification, "qa": BertForQuestionAnswering}.get(task, BertForSequenceClassification)
-    model = cls.from_pretrained(model_dir)
+    model = load_for_task(task, model_dir, TASK_ARCHITECTURES[task])
     tokenizer = Tokenizer.from_pretrained(model_dir)
     columns = columns or Columns()
     seq_len = 384 if task == "qa" and seq_len is None else (seq_len or 512)

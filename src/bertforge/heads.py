@@ -313,3 +313,14 @@ ARCHITECTURES: dict[str, type[BertPreTrainedModel]] = {
     for cls in (BertModel, BertForPreTraining, BertForMaskedLM, BertForNextSentencePrediction,
                 BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering)
 }
+
+# The architectures that can serve each task, first the class to load it as. A checkpoint is used for a
+# task only when its config.json names one of them: a classifier's weights fit a token classifier's
+# shapes, so only `architectures` can tell the two apart.
+TASK_ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    "fill-mask": ("BertForMaskedLM", "BertForPreTraining"),
+    "classify": ("BertForSequenceClassification",),
+    "regress": ("BertForSequenceClassification",),
+    "ner": ("BertForTokenClassification",),
+    "qa": ("BertForQuestionAnswering",),
+}

@@ -237,9 +237,24 @@ def read_config(path: str | Path) -> BertConfig:
 
 def architecture_of(path: str | Path) -> str:
     """The `architectures[0]` a config.json names, or "BertModel" when it names none."""
+    read_config(path)  # refuses a missing or malformed config.json with a message naming it
     data = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     archs = data.get("architectures") or ["BertModel"]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(f"{path}/config.json: key 'architectures' must be a list of class names, got {archs!r}")
     return archs[0]
+
+
+def load_for_task(task: str, path: str | Path, accepted: tuple[str, ...]):
+    """Load the checkpoint at `path` for `task`, refusing it unless config.json's `architectures`
+    names one of `accepted` (head classes, the one to build first)."""
+    from .heads import ARCHITECTURES
+
+    architecture = architecture_of(path)
+    if architecture not in accepted:
+        raise CheckpointError(f"{path}: config.json names architecture {architecture}, which has no head for "
+                              f"{task}; it needs {' or '.join(accepted)} (fine-tune the model for {task} first)")
+    return ARCHITECTURES[architecture].from_pretrained(path)
 
 
 def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
@@ -272,12 +287,21 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
     return model
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it is to set it, so set it straight back
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(target: Path, write) -> None:
     """Write through a temporary file in the same directory, then rename: a crash never leaves half a file."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp makes the file private (0600); give it the mode any new file gets under the umask,
+        # so that another user or a serving container can read the model.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

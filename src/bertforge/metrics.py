@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .errors import InputError
+
 
 # ----------------------------------------------------------------------------- classification
 def classification_metrics(gold: Sequence, pred: Sequence, labels: Sequence | None = None,
@@ -87,9 +89,15 @@ def exact_match(prediction: str, gold: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
-def token_f1(prediction: str, gold: str) -> float:
+def token_f1(prediction: str, gold: str, version: str = "2.0") -> float:
+    """Token-overlap F1 of the normalised answers.
+
+    The two official scripts differ on empty answers: v2.0 scores 1 when both normalise to
+    nothing and 0 when only one does; v1.1 scores 0 whenever no token is shared, so two
+    empty answers score 0 there.
+    """
     pred_tokens, gold_tokens = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    if not pred_tokens or not gold_tokens:  # v2: an empty answer matches only an empty answer
+    if version != "1.1" and (not pred_tokens or not gold_tokens):
         return float(pred_tokens == gold_tokens)
     common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
     same = sum(common.values())
@@ -99,55 +107,100 @@ def token_f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def squad_metrics(dataset: list[dict], predictions: dict[str, str], no_answer_probs: dict[str, float] | None = None,
-                  threshold: float = 1.0) -> dict[str, float]:
-    """Score predictions (question id -> answer text, "" for no answer) on SQuAD `data` articles.
+def squad_version(dataset: list[dict], declared: str | None = None) -> str:
+    """"1.1" or "2.0": the file's own `version` when it says, else 2.0 when any question is marked
+    `is_impossible` or has no answers (the v2.0 script's notion of a no-answer question)."""
+    if declared is not None:
+        text = str(declared).lstrip("v")
+        if text.startswith("1."):
+            return "1.1"
+        if text.startswith("2."):
+            return "2.0"
+        raise InputError(f"unknown SQuAD version {declared!r}; expected 1.1 or v2.0")
+    questions = (qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"])
+    return "2.0" if any("is_impossible" in qa or not qa.get("answers") for qa in questions) else "1.1"
 
-    v1.1: {"exact_match", "f1"}. When the data has impossible questions (v2.0), also the
-    HasAns/NoAns splits, and with `no_answer_probs` the best threshold and its scores.
+
+def squad_metrics(dataset: list[dict], predictions: dict[str, str], no_answer_probs: dict[str, float] | None = None,
+                  threshold: float = 1.0, version: str | None = None) -> dict[str, float]:
+    """Score predictions (question id -> answer text, "" for no answer) on SQuAD `data` articles,
+    by the rules of the official script of the data's version (see `squad_version`).
+
+    v1.1 (evaluate-v1.1.py): every question counts, an unanswered one scores 0; gold answers
+    are taken as they are. Returns {"exact_match", "f1", "total", "unanswered"}.
+    v2.0 (evaluate-v2.0.py): gold answers that normalise to nothing are dropped ("" when none
+    is left); a question has an answer when its answer list is non-empty; with
+    `no_answer_probs`, a probability above `threshold` means "no answer". Adds the HasAns /
+    NoAns splits and, with `no_answer_probs`, the best threshold and its scores.
+
+    Where the official script would crash or silently shrink the total, this refuses with an
+    `InputError` instead: a duplicated question id, a v1.1 question with no gold answer, a v2.0
+    question with no prediction (or no probability), or probabilities given for v1.1 data.
     """
-    exact, f1, has_answer = {}, {}, {}
+    version = squad_version(dataset, version)
+    questions: dict[str, dict] = {}
     for article in dataset:
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
-                qid = qa["id"]
-                golds = [a["text"] for a in qa.get("answers", []) if normalize_answer(a["text"])]
-                has_answer[qid] = bool(golds)
-                golds = golds or [""]
-                if qid not in predictions:
-                    continue
-                pred = predictions[qid]
-                if no_answer_probs is not None and no_answer_probs.get(qid, 0.0) > threshold:
-                    pred = ""
-                exact[qid] = max(exact_match(pred, g) for g in golds)
-                f1[qid] = max(token_f1(pred, g) for g in golds)
-    total = len(has_answer)
-    if total == 0:
-        raise ValueError("the dataset holds no questions")
-    result = {"exact_match": 100.0 * sum(exact.values()) / total, "f1": 100.0 * sum(f1.values()) / total,
-              "total": total, "unanswered": total - len(exact)}
-    if not all(has_answer.values()):
-        for name, keep in (("HasAns", True), ("NoAns", False)):
-            ids = [q for q, h in has_answer.items() if h == keep]
-            result[f"{name}_exact"] = 100.0 * sum(exact.get(q, 0.0) for q in ids) / max(1, len(ids))
-            result[f"{name}_f1"] = 100.0 * sum(f1.get(q, 0.0) for q in ids) / max(1, len(ids))
-            result[f"{name}_total"] = len(ids)
+                if qa["id"] in questions:
+                    raise InputError(f"question id {qa['id']!r} appears twice in the data")
+                questions[qa["id"]] = qa
+    if not questions:
+        raise InputError("the dataset holds no questions")
+
+    if version == "1.1":
         if no_answer_probs is not None:
-            result.update(best_null_threshold(dataset, predictions, no_answer_probs, has_answer))
+            raise InputError("no-answer probabilities apply to SQuAD v2.0 data; this is v1.1")
+        exact = f1 = 0.0
+        for qid, qa in questions.items():
+            golds = [a["text"] for a in qa.get("answers", [])]
+            if not golds:
+                raise InputError(f"question {qid!r} has no gold answer, which SQuAD v1.1 does not allow")
+            if qid in predictions:
+                exact += max(exact_match(predictions[qid], g) for g in golds)
+                f1 += max(token_f1(predictions[qid], g, "1.1") for g in golds)
+        total = len(questions)
+        return {"exact_match": 100.0 * exact / total, "f1": 100.0 * f1 / total, "total": total,
+                "unanswered": sum(q not in predictions for q in questions)}
+
+    missing = [q for q in questions if q not in predictions]
+    if missing:
+        raise InputError(f"{len(missing)} of {len(questions)} questions have no prediction (first: {missing[0]!r}); "
+                         "SQuAD v2.0 scoring needs one for each, \"\" meaning no answer")
+    probs = no_answer_probs if no_answer_probs is not None else {q: 0.0 for q in predictions}
+    if no_answer_probs is not None:
+        lacking = [q for q in questions if q not in no_answer_probs]
+        if lacking:
+            raise InputError(f"{len(lacking)} questions have no no-answer probability (first: {lacking[0]!r})")
+    has_answer = {q: bool(qa.get("answers")) for q, qa in questions.items()}
+    raw_exact, raw_f1 = {}, {}
+    for qid, qa in questions.items():
+        golds = [a["text"] for a in qa.get("answers", []) if normalize_answer(a["text"])] or [""]
+        raw_exact[qid] = max(exact_match(predictions[qid], g) for g in golds)
+        raw_f1[qid] = max(token_f1(predictions[qid], g) for g in golds)
+    exact, f1 = {}, {}
+    for qid in questions:
+        says_none = probs[qid] > threshold
+        exact[qid] = float(not has_answer[qid]) if says_none else raw_exact[qid]
+        f1[qid] = float(not has_answer[qid]) if says_none else raw_f1[qid]
+    total = len(questions)
+    result = {"exact_match": 100.0 * sum(exact.values()) / total, "f1": 100.0 * sum(f1.values()) / total,
+              "total": total, "unanswered": 0}
+    for name, keep in (("HasAns", True), ("NoAns", False)):
+        ids = [q for q, h in has_answer.items() if h == keep]
+        if ids:
+            result[f"{name}_exact"] = 100.0 * sum(exact[q] for q in ids) / len(ids)
+            result[f"{name}_f1"] = 100.0 * sum(f1[q] for q in ids) / len(ids)
+            result[f"{name}_total"] = len(ids)
+    if no_answer_probs is not None:
+        result.update(best_null_threshold(predictions, no_answer_probs, has_answer, raw_exact, raw_f1))
     return result
 
 
-def best_null_threshold(dataset: list[dict], predictions: dict[str, str], no_answer_probs: dict[str, float],
-                        has_answer: dict[str, bool]) -> dict[str, float]:
-    """The no-answer threshold that maximises EM and F1 (as the official v2 script's find_best_thresh)."""
-    raw_exact, raw_f1 = {}, {}
-    for article in dataset:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                golds = [a["text"] for a in qa.get("answers", []) if normalize_answer(a["text"])] or [""]
-                pred = predictions.get(qa["id"], "")
-                raw_exact[qa["id"]] = max(exact_match(pred, g) for g in golds)
-                raw_f1[qa["id"]] = max(token_f1(pred, g) for g in golds)
+def best_null_threshold(predictions: dict[str, str], no_answer_probs: dict[str, float], has_answer: dict[str, bool],
+                        raw_exact: dict[str, float], raw_f1: dict[str, float]) -> dict[str, float]:
+    """The no-answer threshold that maximises EM and F1 (as the official v2 script's find_best_thresh):
+    walk the questions from the least to the most likely to have no answer, moving the cut past each."""
     out = {}
     for name, scores in (("exact", raw_exact), ("f1", raw_f1)):
         # Start from "answer nothing": full credit on NoAns questions only.

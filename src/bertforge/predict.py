@@ -2,35 +2,23 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from typing import Any
 
 from .errors import InputError
 
 TASKS = ("fill-mask", "classify", "ner", "qa", "embed", "similarity")
-# The head each task needs: (class name, a parameter that only that head has).
-_HEADS = {"fill-mask": ("BertForMaskedLM", "mlm.bias"), "classify": ("BertForSequenceClassification", "classifier.weight"),
-          "ner": ("BertForTokenClassification", "classifier.weight"), "qa": ("BertForQuestionAnswering", "qa_outputs.weight"),
-          "embed": ("BertModel", None), "similarity": ("BertModel", None)}
 
 
 def load_for(task: str, model_dir: str):
-    """The model class `task` needs, refusing a checkpoint that lacks its head."""
-    import bertforge
+    """The model `task` needs, refusing a checkpoint whose `architectures` lacks that head."""
+    from .heads import TASK_ARCHITECTURES
+    from .hf import load_for_task
+    from .model import BertModel
 
-    name, head_key = _HEADS[task]
-    log = logging.getLogger("bertforge")
-    level = log.level
-    log.setLevel(logging.ERROR)  # "new head initialised randomly" is an error here, reported below
-    try:
-        model = getattr(bertforge, name).from_pretrained(model_dir)
-    finally:
-        log.setLevel(level)
-    if head_key and head_key in model.load_report.missing_keys:
-        raise InputError(f"{model_dir}: this checkpoint has no {name} head, which `predict {task}` needs; "
-                         "fine-tune it for the task first")
-    return model
+    if task in ("embed", "similarity"):  # any checkpoint has the encoder
+        return BertModel.from_pretrained(model_dir)
+    return load_for_task(task, model_dir, TASK_ARCHITECTURES[task])
 
 
 def _text_of(item: Any, index: int) -> tuple[str, str | None]:

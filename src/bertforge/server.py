@@ -1,7 +1,8 @@
 """`bertforge serve`: an HTTP service for a model, on FastAPI + uvicorn.
 
-Endpoints: GET /health; POST /embed, /fill-mask, /classify, /ner with {"texts": [...]};
-POST /qa with {"question", "context"} or {"items": [...]}; OpenAPI docs at /docs. An
+Endpoints: GET /health; POST /embed, /fill-mask, /classify, /ner with {"texts": [...]}
+(/classify also takes "text_pairs" for pair models); POST /qa with {"question", "context"} or
+{"items": [...]}; OpenAPI docs at /docs. A field no endpoint knows is refused with 422. An
 endpoint whose head the model lacks answers 404 with a message saying so.
 
 Concurrent requests to one endpoint are micro-batched: the first request waits up to
@@ -18,23 +19,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger("bertforge")
 
 
 class Texts(BaseModel):
-    """Body of /embed, /fill-mask, /classify and /ner."""
+    """Body of /embed, /fill-mask and /ner. Unknown fields are refused (422), never ignored."""
 
+    model_config = ConfigDict(extra="forbid")
     texts: list[str] = Field(..., description="the inputs, one string each")
+
+
+class ClassifyTexts(Texts):
+    """Body of /classify: texts, and for pair models (MRPC, RTE, NLI) the second segment of each."""
+
+    text_pairs: list[str] | None = Field(None, description="the second text of each pair, as many as 'texts'")
+
+
+class QAItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str
+    context: str
 
 
 class Question(BaseModel):
     """Body of /qa: one question and context, or a list of them under `items`."""
 
+    model_config = ConfigDict(extra="forbid")
     question: str | None = None
     context: str | None = None
-    items: list[dict[str, str]] | None = None
+    items: list[QAItem] | None = None
 
 
 @dataclass
@@ -123,10 +138,21 @@ def create_app(model_dir: str, limits: Limits | None = None):
     runners = {
         "embed": lambda texts: [v.tolist() for v in pipelines.embed(backbone, tokenizer, texts, sentence=sentence)],
         "fill-mask": lambda texts: pipelines.fill_mask(model, tokenizer, texts),
-        "classify": lambda texts: pipelines.classify(model, tokenizer, texts),
+        "classify": lambda items: classify_items(items),
         "ner": lambda texts: pipelines.ner(model, tokenizer, texts),
         "qa": lambda items: pipelines.answer(model, tokenizer, items),
     }
+    def classify_items(items: list[tuple[str, str | None]]) -> list[dict]:
+        """(text, pair or None) items from any mix of requests: singles and pairs run as two batches."""
+        results: list = [None] * len(items)
+        for with_pair in (False, True):
+            rows = [i for i, (_, pair) in enumerate(items) if (pair is not None) == with_pair]
+            if rows:
+                pairs = [items[i][1] for i in rows] if with_pair else None
+                for i, r in zip(rows, pipelines.classify(model, tokenizer, [items[i][0] for i in rows], pairs)):
+                    results[i] = r
+        return results
+
     wait = limits.batch_wait_ms / 1000
     batchers = {name: MicroBatcher(run, wait, limits.max_batch) for name, run in runners.items() if has[name]}
 
@@ -188,13 +214,24 @@ def create_app(model_dir: str, limits: Limits | None = None):
         handler.__name__ = name.replace("-", "_")
         app.post(f"/{name}", summary=f"{name} for each of 'texts'")(handler)
 
-    for name in ("embed", "fill-mask", "classify", "ner"):
+    for name in ("embed", "fill-mask", "ner"):
         text_endpoint(name)
+
+    @app.post("/classify", summary="classify each of 'texts' (with 'text_pairs', each pair)")
+    async def classify(body: ClassifyTexts):
+        pairs = body.text_pairs
+        if pairs is not None and len(pairs) != len(body.texts):
+            return error(422, f"'text_pairs' has {len(pairs)} texts but 'texts' has {len(body.texts)}")
+        problem = check(body.texts) or (check(pairs) if pairs is not None else None)
+        return problem or await serve("classify", list(zip(body.texts, pairs or [None] * len(body.texts))))
 
     @app.post("/qa", summary="answer a question from a context (or a list under 'items')")
     async def qa(body: Question):
-        items = body.items if body.items is not None else [{"question": body.question or "", "context": body.context or ""}]
-        problem = check([i.get("context", "") for i in items]) or check([i.get("question", "") for i in items])
+        if body.items is not None and (body.question is not None or body.context is not None):
+            return error(422, "give either 'question' and 'context', or 'items', not both")
+        items = ([i.model_dump() for i in body.items] if body.items is not None
+                 else [{"question": body.question or "", "context": body.context or ""}])
+        problem = check([i["context"] for i in items]) or check([i["question"] for i in items])
         return problem or await serve("qa", items)
 
     return app

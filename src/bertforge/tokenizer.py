@@ -444,13 +444,27 @@ class Tokenizer:
         if max_length is None and (strategy or padding == "max_length"):
             max_length = self.model_max_length
         if strategy:
+            # Each text needs at least one token beside the special ones; with less room, `tokenizers`
+            # returns rows longer than max_length (and transformers passes them on), so refuse instead.
+            least = (self.backend.num_special_tokens_to_add(pairs is not None) if add_special_tokens else 0) + \
+                (2 if pairs is not None else 1)
+            if max_length < least:
+                raise TokenizerError(f"max_length {max_length} is too short: it must leave each text at least one "
+                                     f"token beside the special tokens (at least {least})")
             self.backend.enable_truncation(max_length, stride=stride, strategy=strategy)
         else:
             self.backend.no_truncation()
         inputs = texts if pairs is None else list(zip(texts, pairs))
-        encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words,
-                                              add_special_tokens=add_special_tokens)
-        self.backend.no_truncation()
+        try:
+            encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words,
+                                                  add_special_tokens=add_special_tokens)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the Rust side raises plain Exceptions, or panics (a BaseException),
+            # for a truncation it cannot do, e.g. a stride longer than the room one text has beside its pair
+            raise TokenizerError(f"cannot encode the input: {str(exc).splitlines()[0]}") from None
+        finally:
+            self.backend.no_truncation()
 
         sample_map = list(range(len(encodings)))
         if return_overflowing_tokens:

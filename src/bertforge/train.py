@@ -108,11 +108,12 @@ def parse_duration(text: str) -> float:
     text = text.strip().lower()
     units = {"s": 1, "m": 60, "h": 3600}
     try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
+        seconds = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
     except ValueError:
-        raise BertforgeError(f"cannot read duration {text!r}; use e.g. 90s, 30m or 2h") from None
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise BertforgeError(f"cannot read duration {text!r}; use a positive time such as 90s, 30m or 2h")
+    return seconds
 
 
 class Trainer:

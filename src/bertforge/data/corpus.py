@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, require
 from .io import jsonl_records
 
 _BINARY_SNIFF = 8192
@@ -121,10 +121,8 @@ def _jsonl_documents(path: Path, options: CorpusOptions) -> Iterator[str]:
 
 
 def _hf_documents(source: str, options: CorpusOptions) -> Iterator[str]:
-    try:
-        import datasets
-    except ImportError:
-        raise InputError(f"{source}: reading Hugging Face datasets needs `pip install datasets`") from None
+    require("datasets", "datasets", what=f"{source}: reading a Hugging Face dataset")
+    import datasets
     if source.startswith("hf:"):
         name, _, config = source[3:].partition(":")
         try:

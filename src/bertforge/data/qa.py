@@ -21,6 +21,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,36 @@ class QAExample:
     impossible: bool = False
 
 
+def check_squad(raw: Any, source: str | Path) -> list[dict]:
+    """The `data` list of a parsed SQuAD file, after checking every level of its structure: articles
+    with `paragraphs`, each with a string `context` and `qas`, each with a string `id` and `question`
+    and a list of `answers` ({"text": str, "answer_start": int}). Refuses with the path of the first
+    field that is missing or of the wrong type, e.g. `data[0].paragraphs[2].qas[1].id`."""
+    def need(container: Any, key: str, kind: type | tuple, where: str) -> Any:
+        value = container.get(key) if isinstance(container, dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise InputError(f"{source}: {where}.{key} must be a {name}, got {type(value).__name__}")
+        return value
+
+    if not isinstance(raw, dict):
+        raise InputError(f"{source}: not a SQuAD file (expected a JSON object with a 'data' list)")
+    for a, article in enumerate(need(raw, "data", list, "")):
+        for p, paragraph in enumerate(need(article, "paragraphs", list, f"data[{a}]")):
+            where = f"data[{a}].paragraphs[{p}]"
+            need(paragraph, "context", str, where)
+            for q, qa in enumerate(need(paragraph, "qas", list, where)):
+                at = f"{where}.qas[{q}]"
+                need(qa, "id", str, at)
+                need(qa, "question", str, at)
+                for n, answer in enumerate(need(qa, "answers", list, at)):
+                    need(answer, "text", str, f"{at}.answers[{n}]")
+                    need(answer, "answer_start", int, f"{at}.answers[{n}]")
+                if "is_impossible" in qa:
+                    need(qa, "is_impossible", bool, at)
+    return raw["data"]
+
+
 def read_squad(path: str | Path, check_answers: bool = True) -> tuple[list[QAExample], dict]:
     """Examples of a SQuAD JSON file, and the raw `data` (for scoring). Answers whose answer_start
     does not point at their text are counted, logged and dropped (their question is kept for scoring)."""
@@ -48,24 +79,19 @@ def read_squad(path: str | Path, check_answers: bool = True) -> tuple[list[QAExa
         raw = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
-        raise InputError(f"{path}: not a SQuAD file (no 'data' list)")
     examples, bad = [], 0
-    for a, article in enumerate(raw["data"]):
-        for p, paragraph in enumerate(article.get("paragraphs", [])):
-            context = paragraph.get("context")
-            if not isinstance(context, str):
-                raise InputError(f"{path}: data[{a}].paragraphs[{p}] has no context")
-            for qa in paragraph.get("qas", []):
+    for article in check_squad(raw, path):
+        for paragraph in article["paragraphs"]:
+            context = paragraph["context"]
+            for qa in paragraph["qas"]:
                 answers = []
-                for answer in qa.get("answers", []):
-                    start, text = answer.get("answer_start"), answer.get("text", "")
-                    if check_answers and (not isinstance(start, int) or context[start:start + len(text)] != text):
+                for answer in qa["answers"]:
+                    start, text = answer["answer_start"], answer["text"]
+                    if check_answers and (start < 0 or context[start:start + len(text)] != text):
                         bad += 1
                         continue
                     answers.append({"text": text, "answer_start": start})
-                examples.append(QAExample(str(qa["id"]), qa["question"], context, answers,
-                                          bool(qa.get("is_impossible", False))))
+                examples.append(QAExample(qa["id"], qa["question"], context, answers, qa.get("is_impossible", False)))
     if bad:
         log.warning("%s: %d answer(s) whose answer_start does not match the context text were skipped", path, bad)
     if not examples:

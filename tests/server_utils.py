@@ -1,0 +1,57 @@
+"""Starting `bertforge serve` for real on a free loopback port, and calling it over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(port: int, path: str, body: bytes | dict | None = None, method: str | None = None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, *flags: str) -> Iterator[tuple[int, subprocess.Popen]]:
+    """`bertforge serve` on 127.0.0.1 and a free port; yields (port, process) once /health answers."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", str(model_dir), "--port",
+                             str(port), *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if call(port, "/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.3)
+            if proc.poll() is not None:
+                raise RuntimeError(proc.stderr.read().decode())
+            if time.time() > deadline:
+                raise TimeoutError("the server did not answer /health within 120 s")
+        yield port, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

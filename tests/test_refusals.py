@@ -1,0 +1,158 @@
+"""The bugs found on first use, each now either handled right or refused in one line with exit code 2.
+
+- saved models are readable by others (the umask decides, not mkstemp's 0600);
+- a bad flag value is one line and exit 2, never a traceback;
+- a model used for a task its head cannot do is refused by its `architectures`, for every task;
+- what `evaluate --predictions` writes, `score` reads;
+- `/classify` takes pairs, and every endpoint refuses fields it does not know;
+- a missing optional library names the extra to install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
+                       BertForTokenClassification, Tokenizer)
+from bertforge.errors import CheckpointError
+from bertforge.predict import run_predict
+
+from conftest import REPO
+
+SENTENCES = ["a good film", "a bad film", "good acting and a fine plot", "bad plot , bad acting", "fine", "not good"]
+
+
+def bertforge_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}, cwd=REPO)
+
+
+def one_line_refusal(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random checkpoints of three heads, each with the same small vocabulary."""
+    root = tmp_path_factory.mktemp("heads")
+    tok = Tokenizer.train(texts=SENTENCES * 10 + ["john lives in paris ."] * 10, vocab_size=80, min_frequency=1)
+    base = dict(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=40, max_position_embeddings=64)
+    out = {}
+    torch.manual_seed(0)
+    for name, cls, labels in (("classifier", BertForSequenceClassification, ["0", "1"]),
+                              ("tagger", BertForTokenClassification, ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]),
+                              ("reader", BertForQuestionAnswering, None)):
+        config = BertConfig(**base, id2label=dict(enumerate(labels)) if labels else None)
+        cls(config).save_pretrained(root / name, tokenizer=tok)
+        out[name] = root / name
+    return out
+
+
+def test_saved_files_follow_the_umask(tmp_path, checkpoints):
+    old = os.umask(0o022)
+    try:
+        BertForSequenceClassification.from_pretrained(checkpoints["classifier"]).save_pretrained(tmp_path / "m")
+    finally:
+        os.umask(old)
+    for name in ("config.json", "model.safetensors"):
+        assert stat.S_IMODE((tmp_path / "m" / name).stat().st_mode) == 0o644, name
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune classify"])
+def test_bad_duration_is_one_line(command):
+    one_line_refusal(bertforge_cli(*command.split(), "--time-budget", "abc"), "--time-budget", "abc")
+
+
+@pytest.mark.parametrize("model,task", [("classifier", "ner"), ("classifier", "qa"), ("classifier", "fill-mask"),
+                                        ("tagger", "classify"), ("reader", "classify"), ("tagger", "qa")])
+def test_a_head_the_model_lacks_is_refused(checkpoints, model, task):
+    item = {"question": "who?", "context": "a good film"} if task == "qa" else "a good [MASK]"
+    with pytest.raises(CheckpointError, match=f"no head for {task}"):
+        list(run_predict(task, str(checkpoints[model]), [item]))
+
+
+def test_predict_and_evaluate_refuse_from_the_cli(tmp_path, checkpoints):
+    one_line_refusal(bertforge_cli("predict", "ner", "--model", str(checkpoints["classifier"]), "a good film"),
+                     "BertForSequenceClassification", "BertForTokenClassification")
+    conll = tmp_path / "dev.conll"
+    conll.write_text("john B-PER\nlives O\n\n")
+    one_line_refusal(bertforge_cli("evaluate", "ner", "--model", str(checkpoints["classifier"]), "--data", str(conll)),
+                     "no head for ner")
+
+
+def evaluate_then_score(task: str, model: Path, data: Path, predictions: Path, scorer: str, metric: str) -> None:
+    """`evaluate --predictions`, then `score` on the file it wrote: the same metric, to the last digit."""
+    evaluated = bertforge_cli("evaluate", task, "--model", str(model), "--data", str(data), "--predictions",
+                              str(predictions))
+    assert evaluated.returncode == 0, evaluated.stderr
+    scored = bertforge_cli("score", scorer, str(data), str(predictions))
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads(scored.stdout)[metric] == pytest.approx(json.loads(evaluated.stdout)[metric])
+
+
+def test_score_reads_what_evaluate_writes(tmp_path, checkpoints):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(SENTENCES)))
+    evaluate_then_score("classify", checkpoints["classifier"], dev, tmp_path / "pred.jsonl", "classification",
+                        "accuracy")
+    conll = tmp_path / "dev.conll"
+    conll.write_text("john B-PER\nlives O\nin O\nparis B-LOC\n. O\n\nparis B-LOC\nis O\nfine O\n")
+    evaluate_then_score("ner", checkpoints["tagger"], conll, tmp_path / "tags.jsonl", "ner", "f1")
+
+
+def test_score_refuses_files_it_cannot_read_rightly(tmp_path):
+    gold = tmp_path / "gold.tsv"
+    gold.write_text("#1 String\t#2 String\tQuality\na\tb\t1\nc\td\t0\n")
+    unnamed = tmp_path / "unnamed.tsv"
+    unnamed.write_text("x\ty\n1\t0\n0\t1\n")
+    one_line_refusal(bertforge_cli("score", "classification", str(gold), str(unnamed)), "which column")
+    names = tmp_path / "names.txt"
+    names.write_text("positive\nnegative\n")
+    one_line_refusal(bertforge_cli("score", "classification", str(gold), str(names)), "none of its labels")
+
+
+def test_missing_optional_dependency_names_the_extra(checkpoints):
+    code = ("import sys; sys.modules['fastapi'] = None; from bertforge.cli import main; "
+            f"sys.exit(main(['serve', '--model', {str(checkpoints['classifier'])!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    one_line_refusal(result, 'pip install "bertforge[serve]"', "fastapi")
+
+
+def test_classify_endpoint_takes_pairs_and_refuses_unknown_fields(checkpoints):
+    pytest.importorskip("fastapi")
+    from server_utils import call, running_server
+
+    from bertforge.pipelines import classify
+
+    model = BertForSequenceClassification.from_pretrained(checkpoints["classifier"])
+    tok = Tokenizer.from_pretrained(checkpoints["classifier"])
+    texts, pairs = SENTENCES[:3], SENTENCES[3:]
+    want_pairs = classify(model, tok, texts, pairs)
+    want_single = classify(model, tok, texts)
+    assert want_pairs != want_single  # the pair changes the answer, so dropping it would be seen
+    with running_server(checkpoints["classifier"]) as (port, _):
+        status, body = call(port, "/classify", {"texts": texts, "text_pairs": pairs})
+        assert status == 200
+        for got, want in zip(body["results"], want_pairs):
+            assert got["label"] == want["label"] and got["score"] == pytest.approx(want["score"], abs=1e-5)
+        status, body = call(port, "/classify", {"texts": texts})
+        assert status == 200 and [r["label"] for r in body["results"]] == [r["label"] for r in want_single]
+        for path, bad in (("/classify", {"texts": texts, "text_pair": pairs}),  # a typo'd field name
+                          ("/classify", {"texts": texts, "text_pairs": pairs[:1]}),
+                          ("/embed", {"texts": texts, "text_pairs": pairs}),
+                          ("/embed", {"texts": texts, "normalize": True})):
+            status, body = call(port, path, bad)
+            assert status == 422, (path, bad, body)
+        assert call(port, "/health")[0] == 200
