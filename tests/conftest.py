@@ -41,6 +41,30 @@ def sst2_sentences(limit: int | None = None) -> list[str]:
     return sentences[:limit] if limit else sentences
 
 
+SENTENCES = ["a good film", "a bad film", "good acting and a fine plot", "bad plot , bad acting", "fine", "not good"]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random checkpoints of four heads, each with the same small vocabulary."""
+    from bertforge import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
+                           BertForTokenClassification, Tokenizer)
+
+    root = tmp_path_factory.mktemp("heads")
+    tok = Tokenizer.train(texts=SENTENCES * 10 + ["john lives in paris ."] * 10, vocab_size=80, min_frequency=1)
+    base = dict(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=40, max_position_embeddings=64)
+    out = {}
+    torch.manual_seed(0)
+    for name, cls, labels in (("classifier", BertForSequenceClassification, ["0", "1"]),
+                              ("tagger", BertForTokenClassification, ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]),
+                              ("reader", BertForQuestionAnswering, None), ("masked", BertForMaskedLM, None)):
+        config = BertConfig(**base, id2label=dict(enumerate(labels)) if labels else None)
+        cls(config).save_pretrained(root / name, tokenizer=tok)
+        out[name] = root / name
+    return out
+
+
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
 

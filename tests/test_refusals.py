@@ -20,14 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
-                       BertForTokenClassification, Tokenizer)
+from bertforge import BertForSequenceClassification, Tokenizer
 from bertforge.errors import CheckpointError
 from bertforge.predict import run_predict
 
-from conftest import REPO
-
-SENTENCES = ["a good film", "a bad film", "good acting and a fine plot", "bad plot , bad acting", "fine", "not good"]
+from conftest import REPO, SENTENCES
 
 
 def bertforge_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -40,24 +37,6 @@ def one_line_refusal(result: subprocess.CompletedProcess, *words: str) -> None:
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     for word in words:
         assert word in result.stderr, result.stderr
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """Tiny random checkpoints of three heads, each with the same small vocabulary."""
-    root = tmp_path_factory.mktemp("heads")
-    tok = Tokenizer.train(texts=SENTENCES * 10 + ["john lives in paris ."] * 10, vocab_size=80, min_frequency=1)
-    base = dict(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                intermediate_size=40, max_position_embeddings=64)
-    out = {}
-    torch.manual_seed(0)
-    for name, cls, labels in (("classifier", BertForSequenceClassification, ["0", "1"]),
-                              ("tagger", BertForTokenClassification, ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]),
-                              ("reader", BertForQuestionAnswering, None)):
-        config = BertConfig(**base, id2label=dict(enumerate(labels)) if labels else None)
-        cls(config).save_pretrained(root / name, tokenizer=tok)
-        out[name] = root / name
-    return out
 
 
 def test_saved_files_follow_the_umask(tmp_path, checkpoints):

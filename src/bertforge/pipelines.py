@@ -268,6 +268,9 @@ def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first
     model.eval()
     names = model.config.id2label
     max_length = min(max_length or model.config.max_position_embeddings, model.config.max_position_embeddings)
+    # Windows must move forward: the overlap has to be shorter than a window's text ([CLS] and [SEP] aside).
+    # The default overlap is halved for models whose windows are short.
+    stride = min(stride, (max_length - 2) // 2)
     results = []
     for text in texts:
         enc = tokenizer(text, truncation=True, max_length=max_length, stride=stride, return_overflowing_tokens=True,
@@ -336,7 +339,9 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
         if not isinstance(item, dict) or not item.get("question") or not item.get("context"):
             raise InputError(f"item {i + 1}: needs a non-empty 'question' and 'context'")
     examples = [QAExample(str(i), it["question"], it["context"]) for i, it in enumerate(items)]
-    features = qa_features(examples, tokenizer, min(max_length, model.config.max_position_embeddings), stride)
+    max_length = min(max_length, model.config.max_position_embeddings)
+    # As transformers' QA pipeline does, keep the overlap of context windows to at most half a window.
+    features = qa_features(examples, tokenizer, max_length, min(stride, max_length // 2))
     model.eval()
     starts, ends = [None] * len(features), [None] * len(features)
     for rows in length_batches([len(f["input_ids"]) for f in features], batch_size):

@@ -11,45 +11,78 @@ limited in body size (413), number of texts and characters per text (422), each 
 JSON `{"error": ...}` naming the limit. The server binds to 127.0.0.1 unless told otherwise.
 """
 
-from __future__ import annotations
 
 import asyncio
+import re
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 log = logging.getLogger("bertforge")
 
 
-class Texts(BaseModel):
-    """Body of /embed, /fill-mask and /ner. Unknown fields are refused (422), never ignored."""
+def request_models(limits: "Limits", mask_token: str = "[MASK]") -> dict[str, type[BaseModel]]:
+    """The request bodies, with the server's limits written into their schema: at most `max_texts`
+    texts per request, each non-blank and at most `max_chars` long (and holding the mask token, for
+    /fill-mask). So /docs and /openapi.json state exactly what the server accepts, and a field no
+    endpoint knows is refused (422), never ignored."""
+    Text = Annotated[str, StringConstraints(min_length=1, max_length=limits.max_chars, pattern=r"\S")]
+    TextList = Annotated[list[Text], Field(min_length=1, max_length=limits.max_texts)]
+    Masked = Annotated[str, StringConstraints(min_length=1, max_length=limits.max_chars, pattern=re.escape(mask_token))]
+    strict = ConfigDict(extra="forbid")
 
-    model_config = ConfigDict(extra="forbid")
-    texts: list[str] = Field(..., description="the inputs, one string each")
+    class Texts(BaseModel):
+        """Body of /embed, /fill-mask and /ner."""
+
+        model_config = strict
+        texts: TextList = Field(..., description="the inputs, one string each")
+
+    class ClassifyTexts(Texts):
+        """Body of /classify: texts, and for pair models (MRPC, RTE, NLI) the second segment of each."""
+
+        text_pairs: TextList | None = Field(None, description="the second text of each pair, as many as 'texts'")
+
+    class QAItem(BaseModel):
+        """One question about one context."""
+
+        model_config = strict
+        question: Text
+        context: Text
+
+    class QAItems(BaseModel):
+        """Several questions, each with its context."""
+
+        model_config = strict
+        items: Annotated[list[QAItem], Field(min_length=1, max_length=limits.max_texts)]
+
+    class MaskedTexts(BaseModel):
+        """Body of /fill-mask: texts with at least one mask token each."""
+
+        model_config = strict
+        texts: Annotated[list[Masked], Field(min_length=1, max_length=limits.max_texts)] = Field(
+            ..., description=f"the inputs, each with at least one {mask_token}")
+
+    return {"texts": Texts, "fill-mask": MaskedTexts, "classify": ClassifyTexts, "qa": QAItem | QAItems}
 
 
-class ClassifyTexts(Texts):
-    """Body of /classify: texts, and for pair models (MRPC, RTE, NLI) the second segment of each."""
+class ErrorBody(BaseModel):
+    """Every error answer: one line saying what is wrong, naming the field or limit."""
 
-    text_pairs: list[str] | None = Field(None, description="the second text of each pair, as many as 'texts'")
-
-
-class QAItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    question: str
-    context: str
+    error: str
 
 
-class Question(BaseModel):
-    """Body of /qa: one question and context, or a list of them under `items`."""
-
-    model_config = ConfigDict(extra="forbid")
-    question: str | None = None
-    context: str | None = None
-    items: list[QAItem] | None = None
+# The error answers every POST endpoint may give, documented so that clients (and schema-driven
+# tests) know them: malformed JSON, no head for this endpoint, a body over the size limit, and a
+# request that breaks the schema or a limit.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "the body is not valid JSON"},
+    404: {"model": ErrorBody, "description": "the model has no head for this endpoint"},
+    413: {"model": ErrorBody, "description": "the body exceeds --max-body-bytes"},
+    422: {"model": ErrorBody, "description": "a field is missing, unknown, of the wrong type, or over a limit"},
+}
 
 
 @dataclass
@@ -112,6 +145,7 @@ def create_app(model_dir: str, limits: Limits | None = None):
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from . import pipelines
     from .errors import BertforgeError
@@ -181,21 +215,14 @@ def create_app(model_dir: str, limits: Limits | None = None):
         where = ".".join(str(p) for p in first.get("loc", []) if p != "body")
         return error(422, f"invalid request: {where or 'body'}: {first.get('msg', 'invalid')}")
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own errors (a body that is not UTF-8, an unknown path, a wrong method) in the same shape
+        return JSONResponse(status_code=exc.status_code, content={"error": str(exc.detail)}, headers=exc.headers)
+
     @app.exception_handler(BertforgeError)
     async def user_error(request: Request, exc: BertforgeError):
         return error(422, str(exc))
-
-    def check(texts: list[str]) -> JSONResponse | None:
-        if not texts:
-            return error(422, "'texts' is empty")
-        if len(texts) > limits.max_texts:
-            return error(422, f"{len(texts)} texts exceed the limit of {limits.max_texts} per request")
-        for i, t in enumerate(texts):
-            if len(t) > limits.max_chars:
-                return error(422, f"text {i} has {len(t)} characters, over the limit of {limits.max_chars}")
-            if not t.strip():
-                return error(422, f"text {i} is empty")
-        return None
 
     async def serve(name: str, items: list) -> Any:
         if name not in batchers:
@@ -207,32 +234,30 @@ def create_app(model_dir: str, limits: Limits | None = None):
         return {"status": "ok", "model": str(model_dir), "architecture": architecture,
                 "endpoints": sorted(f"/{n}" for n in batchers)}
 
+    bodies = request_models(limits, tokenizer.mask_token)
+    ClassifyTexts, QABody = bodies["classify"], bodies["qa"]
+
     def text_endpoint(name: str):
-        async def handler(body: Texts):
-            return check(body.texts) or await serve(name, body.texts)
+        async def handler(body: bodies.get(name, bodies["texts"])):
+            return await serve(name, body.texts)
 
         handler.__name__ = name.replace("-", "_")
-        app.post(f"/{name}", summary=f"{name} for each of 'texts'")(handler)
+        app.post(f"/{name}", summary=f"{name} for each of 'texts'", responses=ERRORS)(handler)
 
     for name in ("embed", "fill-mask", "ner"):
         text_endpoint(name)
 
-    @app.post("/classify", summary="classify each of 'texts' (with 'text_pairs', each pair)")
+    @app.post("/classify", summary="classify each of 'texts' (with 'text_pairs', each pair)", responses=ERRORS)
     async def classify(body: ClassifyTexts):
         pairs = body.text_pairs
         if pairs is not None and len(pairs) != len(body.texts):
             return error(422, f"'text_pairs' has {len(pairs)} texts but 'texts' has {len(body.texts)}")
-        problem = check(body.texts) or (check(pairs) if pairs is not None else None)
-        return problem or await serve("classify", list(zip(body.texts, pairs or [None] * len(body.texts))))
+        return await serve("classify", list(zip(body.texts, pairs or [None] * len(body.texts))))
 
-    @app.post("/qa", summary="answer a question from a context (or a list under 'items')")
-    async def qa(body: Question):
-        if body.items is not None and (body.question is not None or body.context is not None):
-            return error(422, "give either 'question' and 'context', or 'items', not both")
-        items = ([i.model_dump() for i in body.items] if body.items is not None
-                 else [{"question": body.question or "", "context": body.context or ""}])
-        problem = check([i["context"] for i in items]) or check([i["question"] for i in items])
-        return problem or await serve("qa", items)
+    @app.post("/qa", summary="answer a question from a context (or a list of them under 'items')", responses=ERRORS)
+    async def qa(body: QABody):
+        items = [i.model_dump() for i in body.items] if hasattr(body, "items") else [body.model_dump()]
+        return await serve("qa", items)
 
     return app
 

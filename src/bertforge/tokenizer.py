@@ -451,7 +451,10 @@ class Tokenizer:
             if max_length < least:
                 raise TokenizerError(f"max_length {max_length} is too short: it must leave each text at least one "
                                      f"token beside the special tokens (at least {least})")
-            self.backend.enable_truncation(max_length, stride=stride, strategy=strategy)
+            try:
+                self.backend.enable_truncation(max_length, stride=stride, strategy=strategy)
+            except ValueError as exc:  # e.g. a stride as long as the window
+                raise TokenizerError(str(exc).strip().rstrip(",")) from None
         else:
             self.backend.no_truncation()
         inputs = texts if pairs is None else list(zip(texts, pairs))
