@@ -15,7 +15,7 @@
     was built.
 
 It prints ratios, writes benchmarks/results/suite.json and rewrites the table between the
-`suite` markers in README.md.
+`suite` markers in docs/results.md.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def section_inference(args, result: dict) -> None:
 
 
 def table(result: dict) -> str:
-    """README's performance table, generated from a suite result."""
+    """The speed table of docs/results.md, generated from a suite result."""
     rows = ["| Measure | bertforge | Competitor | Ratio | Target |", "|---|---:|---:|---:|---:|"]
 
     def row(name, ours, theirs, ratio, target):
@@ -239,16 +239,16 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(text: str) -> None:
-    readme = ROOT / "README.md"
-    content = readme.read_text(encoding="utf-8")
+def update_results_page(text: str) -> None:
+    page = ROOT / "docs" / "results.md"
+    content = page.read_text(encoding="utf-8")
     begin, end = "<!-- suite:begin -->", "<!-- suite:end -->"
     if begin not in content:
-        print("README has no suite markers; table not written", file=sys.stderr)
+        print("docs/results.md has no suite markers; table not written", file=sys.stderr)
         return
     head, rest = content.split(begin, 1)
     tail = rest.split(end, 1)[1]
-    readme.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
+    page.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
 
 
 def main() -> None:
@@ -258,7 +258,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over SST-2 dev per runner")
     parser.add_argument("--classifier", help="an SST-2 fine-tuned checkpoint, for the int8 accuracy change")
     parser.add_argument("--memory-probe", nargs=3, metavar=("LIB", "SIZE", "BATCHES"), help=argparse.SUPPRESS)
-    parser.add_argument("--no-readme", action="store_true", help="do not rewrite README's table")
+    parser.add_argument("--no-write", action="store_true", help="do not rewrite the table in docs/results.md")
     args = parser.parse_args()
     if args.memory_probe:
         memory_probe(*args.memory_probe, steps=6)
@@ -287,8 +287,8 @@ def main() -> None:
     text = table(result)
     print(text)
     print("saved", save("suite", result))
-    if not args.no_readme and set(sections) == set(parser.get_default("sections").split(",")):
-        update_readme(text)
+    if not args.no_write and set(sections) == set(parser.get_default("sections").split(",")):
+        update_results_page(text)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,18 @@ NO_EFFECT: dict[str, str] = {
     "torch_dtype": "as dtype", "transformers_version": "describes the file", "_name_or_path": "describes the file",
     "architectures": "chooses the head class to load (see `bertforge inspect`)", "model_type": "must be 'bert'",
     "_attn_implementation_autoset": "a transformers loading detail", "output_past": "only decoders cache",
+    "_attn_implementation": "a transformers loading detail", "_commit_hash": "describes the file",
+    "tf_legacy_loss": "a TensorFlow loss option of transformers",
+    "cross_attention_hidden_size": "used only with add_cross_attention, which is refused",
 }
+# Generation settings that older transformers wrote into every config.json: an encoder generates nothing.
+GENERATION_KEYS = ("max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+                   "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+                   "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+                   "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+                   "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+                   "suppress_tokens", "begin_suppress_tokens")
+NO_EFFECT.update({key: "a generation setting; an encoder generates nothing" for key in GENERATION_KEYS})
 
 # (layers, hidden) for the Turc et al. compact models and the paper's two sizes.
 # Heads are hidden/64 and the feed-forward width is 4*hidden, as in every one of them.
