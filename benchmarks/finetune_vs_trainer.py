@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,10 +29,12 @@ import torch
 import transformers
 
 from bertforge.finetune import FinetuneConfig, build, run_finetune
-from bertforge.heads import span_loss
 from bertforge.tokenizer import Tokenizer
 
 from .common import DATA, RESULTS, machine, minilm_dir, need, save
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from trainer_harness import SpanLossTrainer, hf_model, trainer_rows, training_args  # noqa: E402
 
 TASKS = {
     # name: (task, train file, eval file, hyper-parameters, main metric)
@@ -82,54 +85,6 @@ class EpochEval(transformers.TrainerCallback):
         model.eval()
         self.history.append(self.task.evaluate(model))
         model.train()
-
-
-HF_HEADS = {"classify": "BertForSequenceClassification", "regress": "BertForSequenceClassification",
-            "ner": "BertForTokenClassification", "qa": "BertForQuestionAnswering"}
-FEATURE_KEYS = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")
-
-
-def hf_model(kind: str, path: str, config, **overrides):
-    """transformers' `BertFor…` for a task, from `path`, with bertforge's label set and problem type."""
-    kwargs = {"num_labels": config.num_labels, **overrides}
-    if kind in ("classify", "ner"):
-        kwargs.update(id2label=config.id2label, label2id=config.label2id)
-    if kind == "regress":
-        kwargs["problem_type"] = "regression"
-    return getattr(transformers, HF_HEADS[kind]).from_pretrained(path, **kwargs)
-
-
-class SpanLossTrainer(transformers.Trainer):
-    """The Trainer, its QA models scored with bertforge's span loss (padding left out of the softmax).
-
-    QA is the one task where bertforge's loss differs from transformers' by design (see
-    `bertforge.heads.span_loss`); this Trainer takes that difference out, for the step trace
-    and for the `--trainer-loss bertforge` ablation. Other tasks keep transformers' own loss.
-    """
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if "start_positions" not in inputs:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        inputs = dict(inputs)
-        start, end = inputs.pop("start_positions"), inputs.pop("end_positions")
-        outputs = model(**inputs)
-        loss = span_loss(outputs.start_logits, outputs.end_logits, start, end, inputs["attention_mask"])
-        return (loss, outputs) if return_outputs else loss
-
-
-def trainer_rows(task) -> list[dict]:
-    """bertforge's training features with only the keys the transformers model takes."""
-    return [{k: f[k] for k in FEATURE_KEYS if k in f} for f in task.train]
-
-
-def training_args(cfg: FinetuneConfig, out: Path) -> transformers.TrainingArguments:
-    """The Trainer's settings matching a bertforge config: AdamW eps 1e-6, decay 0.01, clipping 1.0, linear warmup."""
-    return transformers.TrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr,
-        num_train_epochs=cfg.epochs, warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=1e-6,
-        max_grad_norm=cfg.max_grad_norm, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no",
-        eval_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
-        disable_tqdm=True)
 
 
 def run_trainer(cfg: FinetuneConfig, train_path: str, eval_path: str, out: Path,

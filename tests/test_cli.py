@@ -91,3 +91,21 @@ def test_demo_main_job(tmp_path):
     # A second run must not overwrite the first.
     again = subprocess.run([sys.executable, "-m", "bertforge", "demo", "--out", str(out)], capture_output=True, text=True)
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_help_starts_without_importing_torch():
+    """`bertforge --help` and a subcommand's --help build every flag without loading torch."""
+    code = ("import sys; from bertforge.cli import build_parser; build_parser(); "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_output_piped_into_head_ends_quietly(tmp_path, minilm_dir):
+    """A reader that closes the pipe early (`| head -1`) is not an error: exit 0 and no traceback."""
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("".join(f"sentence number {i}\n" for i in range(400)))
+    script = f"{sys.executable} -m bertforge predict embed --model {minilm_dir} --input {inputs} | head -1 >/dev/null"
+    result = subprocess.run(["bash", "-c", f"set -o pipefail; {script}; echo \"${{PIPESTATUS[0]}}\" >&2"],
+                            capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "0", result.stderr

@@ -229,11 +229,11 @@ def test_dropout_matches_transformers_in_distribution(minilm_dir):
 def test_dropout_gives_the_same_mean_gradient_and_gradient_noise(tmp_path):
     # What training feels of dropout is the gradient: its mean over the draws, and its spread.
     # From one start and one padded batch, each library's gradient of every parameter is
-    # averaged over 300 draws (benchmarks/dropout_gradient.py, which runs this on MiniLM and
-    # on bertforge's own mini with SQuAD windows). z = |mean gap|^2 / its expected Monte Carlo
+    # averaged over 300 draws (tests/dropout_moments.py; docs/results.md has the same check on
+    # MiniLM and on bertforge's own mini with SQuAD windows). z = |mean gap|^2 / its expected Monte Carlo
     # size is about 1 when the two agree, and the noise ratio compares the spread. A small
     # random model keeps this fast; without bertforge's embedding dropout both move far.
-    from benchmarks.dropout_gradient import compare, gradient_moments, ours_loss, theirs_loss
+    from dropout_moments import compare, gradient_moments, ours_loss, theirs_loss
     from bertforge.hf import hf_names
 
     ours = bertforge.BertForQuestionAnswering(bertforge.BertConfig(**{**TINY, "hidden_size": 64}))

@@ -63,6 +63,9 @@ def test_outputs_and_hf_export(tmp_path, corpus, tokenizer_dir):
         assert key in rows[0], key
     assert {"eval_mlm_loss", "eval_mlm_acc", "eval_nsp_acc", "eval_perplexity"} <= set(rows[-1])
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000003", "step-00000006"]
+    # Not on a terminal: no bar, but each evaluation (and the end) is a readable line on stderr.
+    lines = [line for line in result.stderr.splitlines() if line.startswith("train: step")]
+    assert [line.split()[2] for line in lines] == ["3/6", "6/6"] and "eval_mlm_acc" in lines[0], result.stderr
     transformers = pytest.importorskip("transformers")
     model, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]

@@ -1,4 +1,4 @@
-"""bertforge's training loop against the transformers Trainer, step by step (benchmarks/trainer_trace.py).
+"""bertforge's training loop against the transformers Trainer, step by step (tests/trainer_harness.py).
 
 With dropout off, one start, and bertforge's data order given to the Trainer, the two
 libraries must take the same steps: the same loss at every step, the same weights at the
@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from benchmarks.trainer_trace import trace  # noqa: E402
+from trainer_harness import trace  # noqa: E402
 from bertforge.finetune import FinetuneConfig  # noqa: E402
 
 from conftest import shared  # noqa: E402

@@ -102,7 +102,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: set[st
         elif kind.startswith("int"):
             parser.add_argument(flag, type=int, default=None, help=f"{help_text} (default {default})")
         elif f.name == "time_budget":
-            from .train import parse_duration
+            from .runconfig import parse_duration
 
             parser.add_argument(flag, type=checked(parse_duration), default=None, help=f"{help_text}, e.g. 30m, 2h")
         elif kind.startswith("float"):
@@ -127,7 +127,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from .pretrain import PretrainConfig, run_pretrain
+    from .pretrain import run_pretrain
+    from .runconfig import PretrainConfig
 
     given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(PretrainConfig)}
              and v is not None and k != "corpus"}
@@ -162,7 +163,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from .finetune import FinetuneConfig, run_finetune
+    from .finetune import run_finetune
+    from .runconfig import FinetuneConfig
 
     given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(FinetuneConfig)}
              and v is not None}
@@ -284,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on invalid UTF-8: stop (strict) or substitute U+FFFD (replace)")
     p.set_defaults(func=cmd_prepare)
 
-    from .pretrain import PretrainConfig
+    from .runconfig import PretrainConfig
 
     p = sub.add_parser("pretrain", help="pretrain BERT (MLM + NSP) on raw text; no corpus = the embedded default",
                        description="Pretrain BERT with masked-LM and next-sentence prediction as google-research/bert "
@@ -296,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_flags(p, PretrainConfig, skip={"corpus", "progress"})
     p.set_defaults(func=cmd_pretrain)
 
-    from .finetune import TASKS, FinetuneConfig
+    from .runconfig import TASKS, FinetuneConfig
 
     p = sub.add_parser("finetune", help="fine-tune for classification, regression or NER",
                        description="Fine-tune a checkpoint (or a preset with --tokenizer) on a task, evaluating "
@@ -440,3 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bertforge: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`bertforge predict ... | head`): that is how pipes end, not an error.
+        # Point stdout at /dev/null so Python's own flush at exit does not complain again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,48 +28,8 @@ from .heads import (TASK_ARCHITECTURES, BertForQuestionAnswering, BertForSequenc
 from .hf import load_for_task
 from .tasks import ClassificationTask, QuestionAnsweringTask, TokenClassificationTask
 from .tokenizer import Tokenizer
-from .train import TrainConfig, Trainer
-
-TASKS = ("classify", "regress", "ner", "qa")
-
-
-@dataclass
-class FinetuneConfig(TrainConfig):
-    """Everything `bertforge finetune` takes."""
-
-    task: str = "classify"  # classify | regress | ner
-    model: str = ""  # a checkpoint directory, or a preset (then --tokenizer is needed)
-    train: str = ""  # training file (.tsv, .csv, .jsonl; CoNLL or .jsonl for ner)
-    dev: str = ""  # development file, evaluated every epoch
-    out: str = "bertforge-finetune"  # output directory
-    tokenizer: str | None = None  # tokenizer directory when --model is a preset
-    seq_len: int = 128  # maximum tokens per example
-    text_column: str | None = None  # TSV/CSV/JSONL column of the text (name or 0-based index)
-    pair_column: str | None = None  # column of the second text, for sentence pairs
-    label_column: str | None = None  # column of the label
-    truncation: str = "head"  # long single texts: head | tail | head+tail
-    seeds: str | None = None  # e.g. 1,2,3: one run per seed, reported as mean and std
-    doc_stride: int = 128  # qa: tokens of overlap between windows of a long context
-    n_best: int = 20  # qa: start and end candidates per window
-    max_answer_len: int = 30  # qa: longest answer, in tokens
-    null_threshold: float | None = None  # qa v2: answer "" when null score - best span score exceeds this
-    tune_null_threshold: bool = False  # qa v2: pick the threshold that maximises dev F1
-    overwrite: bool = False
-    epochs: float | None = 3.0
-    lr: float = 2e-5
-    warmup: float = 0.1
-    save_every: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.task not in TASKS:
-            raise BertforgeError(f"unknown task {self.task!r}; use one of {', '.join(TASKS)}")
-        for name in ("model", "train", "dev"):
-            if not getattr(self, name):
-                raise BertforgeError(f"--{name} is required")
-        if self.truncation not in ("head", "tail", "head+tail"):
-            raise BertforgeError("--truncation must be head, tail or head+tail")
-
+from .runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
+from .train import Trainer
 
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
     if Path(cfg.model).is_dir() and not cfg.tokenizer:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from .data.shards import TokenShards, load_tokenizer_for, prepare, tokenizer_fin
 from .errors import BertforgeError
 from .heads import BertForMaskedLM, BertForPreTraining
 from .tokenizer import Tokenizer
-from .train import TrainConfig, Trainer
+from .runconfig import PretrainConfig, TrainConfig
+from .train import Trainer
 
 EMBEDDED = "python-stdlib-docstrings"
 DEMO_SENTENCES = [
@@ -39,62 +40,6 @@ DEMO_SENTENCES = [
     "This method is called when the [MASK] is closed.",
     "Raise a ValueError if the [MASK] is negative.",
 ]
-
-
-@dataclass
-class PretrainConfig(TrainConfig):
-    """Everything `bertforge pretrain` takes: the data and model settings plus the training loop's."""
-
-    out: str = "bertforge-pretrain"  # output directory
-    corpus: list[str] = field(default_factory=list)  # files, dirs, globs, hf:NAME, or a prepared dir; empty = embedded
-    model: str | None = None  # a preset (tiny ... large, L<n>-H<n>) or a checkpoint dir; default tiny/base
-    objective: str = "mlm+nsp"  # mlm+nsp (BERT) | mlm (RoBERTa FULL-SENTENCES)
-    seq_len: int = 128  # tokens per example, [CLS] and [SEP]s included
-    vocab_size: int = 30522  # for a newly trained WordPiece vocabulary
-    tokenizer: str | None = None  # a directory with vocab.txt / tokenizer.json to use instead of training one
-    short_seq_prob: float = 0.1  # probability of a shorter target length for a document's pairs
-    masked_lm_prob: float = 0.15
-    mask_prob: float = 0.8
-    random_prob: float = 0.1
-    max_predictions: int | None = None  # cap on predictions per sequence (default ceil(seq_len * 0.15))
-    wwm: bool = False  # whole-word masking
-    doc_per_file: bool = False  # a whole file is one document (default: blank lines separate documents)
-    text_field: str = "text"
-    encoding_errors: str = "strict"  # strict | replace
-    workers: int | None = None  # tokenising processes (default: all cores)
-    eval_fraction: float = 0.01  # documents held out for evaluation (at least 2, at most 1000)
-    eval_batches: int = 20  # evaluation batches
-    resume: bool = False
-    overwrite: bool = False
-    demo: bool | None = None  # end with fill-mask on a few sentences (default: for the embedded corpus)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.objective not in ("mlm+nsp", "mlm"):
-            raise BertforgeError(f"--objective must be mlm+nsp or mlm, not {self.objective!r}")
-        if self.seq_len < 8:
-            raise BertforgeError("--seq-len must be at least 8")
-        if self.encoding_errors not in ("strict", "replace"):
-            raise BertforgeError("--encoding-errors must be strict or replace")
-        if self.resume and self.overwrite:
-            raise BertforgeError("--resume and --overwrite contradict each other; pick one")
-        try:
-            MaskingConfig(self.masked_lm_prob, self.mask_prob, self.random_prob, self.max_predictions, self.wwm)
-        except ValueError as exc:
-            raise BertforgeError(str(exc)) from None
-
-    @classmethod
-    def from_json(cls, path: str | Path, **overrides: Any) -> "PretrainConfig":
-        """A JSON config file read into the same dataclass (flags given on the command line win)."""
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise BertforgeError(f"{path}: cannot read config ({exc})") from None
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise BertforgeError(f"{path}: unknown key '{unknown[0]}'")
-        return cls(**{**data, **overrides})
 
 
 class PretrainingTask:

@@ -14,6 +14,7 @@ JSON `{"error": ...}` naming the limit. The server binds to 127.0.0.1 unless tol
 
 import asyncio
 import re
+import sys
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,7 +239,9 @@ def create_app(model_dir: str, limits: Limits | None = None):
     ClassifyTexts, QABody = bodies["classify"], bodies["qa"]
 
     def text_endpoint(name: str):
-        async def handler(body: bodies.get(name, bodies["texts"])):
+        Body = bodies.get(name, bodies["texts"])  # /fill-mask's texts must hold the mask token
+
+        async def handler(body: Body):
             return await serve(name, body.texts)
 
         handler.__name__ = name.replace("-", "_")
@@ -267,5 +270,10 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: Lim
 
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: reachable from other machines; there is no authentication", host)
-    uvicorn.run(create_app(model_dir, limits), host=host, port=port, log_level="warning")
+    app = create_app(model_dir, limits)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"bertforge: serving {model_dir} on http://{shown}:{port} (endpoints at /health, API docs at /docs); "
+          "Ctrl-C stops", file=sys.stderr, flush=True)
+    # uvicorn's access log gives one line per request: client, method, path, status.
+    uvicorn.run(app, host=host, port=port, log_level="info")
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +30,7 @@ from . import distributed as dist
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .errors import BertforgeError
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
+from .runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
 
 
 class TrainingDiverged(BertforgeError):
@@ -49,71 +51,6 @@ class Task(Protocol):
         ...
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]: ...
-
-
-@dataclass
-class TrainConfig:
-    """Settings of the training loop, shared by `pretrain` and `finetune`."""
-
-    out: str = "run"  # output directory
-    batch_size: int = 32  # examples per micro-batch, per process
-    grad_accum: int = 1  # micro-batches per optimizer step, per process
-    lr: float = 1e-4  # peak learning rate
-    warmup: float = 0.01  # warmup: a fraction of the total steps if < 1, else a number of steps
-    weight_decay: float = 0.01  # decoupled weight decay (not on biases and LayerNorm)
-    optimizer: str = "adamw"  # adamw | lamb
-    max_grad_norm: float = 1.0  # clip the global gradient norm (0 = off)
-    max_steps: int | None = None  # stop after this many optimizer steps
-    epochs: float | None = None  # stop after this many passes over the data
-    time_budget: float | None = None  # stop after this many seconds of training
-    log_every: int = 10  # steps between metrics.jsonl rows
-    eval_every: int | None = None  # steps between evaluations (None: at the end only)
-    save_every: int | None = 500  # steps between checkpoints (None: at the end only)
-    keep_last: int = 2  # checkpoints kept
-    eval_each_epoch: bool = False  # evaluate at the end of every epoch (fine-tuning)
-    select_metric: str | None = None  # keep the model with the best value of this eval metric (in OUT/best)
-    greater_is_better: bool = True  # whether a higher select_metric is better
-    patience: int | None = None  # stop after this many evaluations without improvement
-    precision: str = "fp32"  # fp32 | bf16 (autocast; bf16 is the CUDA choice)
-    compile: bool = False  # torch.compile the model
-    pack: bool = False  # pack several examples per row (block-diagonal attention); same loss, fewer rows
-    seed: int = 0
-    progress: bool = True  # show a progress bar
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "log_every", "keep_last"):
-            if getattr(self, name) < 1:
-                raise BertforgeError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.lr <= 0:
-            raise BertforgeError("--lr must be positive")
-        if self.warmup < 0:
-            raise BertforgeError("--warmup must be >= 0")
-        if self.optimizer not in ("adamw", "lamb"):
-            raise BertforgeError(f"--optimizer must be adamw or lamb, not {self.optimizer!r}")
-        if self.precision not in ("fp32", "bf16"):
-            raise BertforgeError(f"--precision must be fp32 or bf16, not {self.precision!r}")
-        if self.pack and self.compile:
-            raise BertforgeError("--pack and --compile cannot be combined: packed rows are found from the data, "
-                                 "which a compiled graph cannot look at")
-        if self.max_steps is None and self.epochs is None and self.time_budget is None:
-            raise BertforgeError("give a stopping rule: --max-steps, --epochs or --time-budget")
-        for name in ("max_steps", "epochs", "time_budget", "eval_every", "save_every"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise BertforgeError(f"--{name.replace('_', '-')} must be positive")
-
-
-def parse_duration(text: str) -> float:
-    """'90', '90s', '30m', '1.5h' -> seconds."""
-    text = text.strip().lower()
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        seconds = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise BertforgeError(f"cannot read duration {text!r}; use a positive time such as 90s, 30m or 2h")
-    return seconds
 
 
 class Trainer:
@@ -197,6 +134,7 @@ class Trainer:
         started = time.perf_counter() - self.state["elapsed"]
         saved_at = step if resume else -1
         ten_steps_at = 0.0
+        reported_at = time.perf_counter()
         stop_reason = None
         while stop_reason is None:
             self.train_model.train()
@@ -257,6 +195,13 @@ class Trainer:
                     self._log({"step": step, "epoch": round(epoch_f, 4), **row})
                     if bar is not None:
                         bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+                    # Without a bar (output piped or in a log file), a line every REPORT_EVERY_S seconds;
+                    # evaluations are reported as they happen either way.
+                    now = time.perf_counter()
+                    if evaluate_now or stop_reason or (bar is None and now - reported_at >= REPORT_EVERY_S):
+                        line = progress_line(step, self.state["horizon"], row)
+                        bar.write(line, file=sys.stderr) if bar is not None else print(line, file=sys.stderr, flush=True)
+                        reported_at = now
             if bar is not None:
                 bar.update(1)
             if (c.save_every and step % c.save_every == 0) or stop_reason:
@@ -344,6 +289,22 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=self.state["horizon"], initial=initial, unit="step", dynamic_ncols=True, desc="train")
+
+
+REPORT_EVERY_S = 30.0  # seconds between progress lines on stderr when no progress bar is shown
+
+
+def progress_line(step: int, horizon: int | None, row: dict[str, Any]) -> str:
+    """One human-readable line for a metrics row: 'step 120/1270  loss 5.123  lr 1.0e-03  4,123 tok/s  ...'."""
+    parts = [f"step {step}" + (f"/{horizon}" if horizon else "")]
+    if "loss" in row:
+        parts.append(f"loss {row['loss']:.4f}")
+    if "lr" in row:
+        parts.append(f"lr {row['lr']:.2e}")
+    if "tokens_per_s" in row:
+        parts.append(f"{row['tokens_per_s']:,.0f} tok/s")
+    parts += [f"{k} {v:.4g}" for k, v in row.items() if k.startswith("eval_") and isinstance(v, (int, float))]
+    return "train: " + "  ".join(parts)
 
 
 # Settings that may change between a run and its resumption.

@@ -1,43 +1,75 @@
-"""bertforge's training loop against the transformers Trainer, step by step, with the noise taken out.
-
-`finetune_vs_trainer` runs the two libraries as users run them. Each draws its own data
-order and dropout masks. So two single runs differ by seed noise, and a gap between means
-can be noise or a bug.
-
-This script removes both sources and looks at what is left:
-- dropout is off in both models;
-- both start from the same weights, including the newly initialised head;
-- the Trainer gets bertforge's per-epoch order (a sampler);
-- for QA, the Trainer's model is scored with bertforge's span loss, which leaves padding out
-  of the softmax where transformers keeps it in (see `bertforge.heads.span_loss`).
-
-What remains is shared by neither library: the forward pass, the loss, backward, clipping,
-AdamW with its decay groups, and the warmup/decay schedule (the Trainer builds its own
-optimizer and scheduler from TrainingArguments). If both libraries
-do the same thing, the losses agree at every step up to float round-off. A bug in either
-shows up as a gap that grows.
-
-    python -m benchmarks.trainer_trace [--tasks sst2,stsb,conll,squad] [--rows 512] [--epochs 2]
+"""The transformers side of the Trainer comparisons, shared by tests/test_trainer_parity.py and
+benchmarks/finetune_vs_trainer.py: the matching transformers model and TrainingArguments, a Trainer
+that scores QA with bertforge's span loss, and `trace`, which runs both libraries step by step with
+the noise taken out (dropout off, one start, bertforge's data order given to the Trainer) so that
+what is left, the loss, clipping, AdamW with its decay groups and the schedule, must agree to
+round-off. The script that ran `trace` on whole datasets is retired; its conclusions are in
+docs/results.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 
 import torch
+import transformers
 
 from bertforge.finetune import FinetuneConfig, build
+from bertforge.heads import span_loss
 from bertforge.hf import to_hf_state_dict
 from bertforge.tasks import FeatureTask, collate
 from bertforge.tokenizer import Tokenizer
 from bertforge.train import TrainConfig, Trainer
 
-from .common import DATA, RESULTS, machine, minilm_dir, need, save
-from .finetune_vs_trainer import TASKS, SpanLossTrainer, hf_model, squad_split, subset, trainer_rows, training_args
+
+HF_HEADS = {"classify": "BertForSequenceClassification", "regress": "BertForSequenceClassification",
+            "ner": "BertForTokenClassification", "qa": "BertForQuestionAnswering"}
+FEATURE_KEYS = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")
+
+
+def hf_model(kind: str, path: str, config, **overrides):
+    """transformers' `BertFor…` for a task, from `path`, with bertforge's label set and problem type."""
+    kwargs = {"num_labels": config.num_labels, **overrides}
+    if kind in ("classify", "ner"):
+        kwargs.update(id2label=config.id2label, label2id=config.label2id)
+    if kind == "regress":
+        kwargs["problem_type"] = "regression"
+    return getattr(transformers, HF_HEADS[kind]).from_pretrained(path, **kwargs)
+
+
+class SpanLossTrainer(transformers.Trainer):
+    """The Trainer, its QA models scored with bertforge's span loss (padding left out of the softmax).
+
+    QA is the one task where bertforge's loss differs from transformers' by design (see
+    `bertforge.heads.span_loss`); this Trainer takes that difference out, for the step trace
+    and for the `--trainer-loss bertforge` ablation. Other tasks keep transformers' own loss.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if "start_positions" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs = dict(inputs)
+        start, end = inputs.pop("start_positions"), inputs.pop("end_positions")
+        outputs = model(**inputs)
+        loss = span_loss(outputs.start_logits, outputs.end_logits, start, end, inputs["attention_mask"])
+        return (loss, outputs) if return_outputs else loss
+
+
+def trainer_rows(task) -> list[dict]:
+    """bertforge's training features with only the keys the transformers model takes."""
+    return [{k: f[k] for k in FEATURE_KEYS if k in f} for f in task.train]
+
+
+def training_args(cfg: FinetuneConfig, out: Path) -> transformers.TrainingArguments:
+    """The Trainer's settings matching a bertforge config: AdamW eps 1e-6, decay 0.01, clipping 1.0, linear warmup."""
+    return transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr,
+        num_train_epochs=cfg.epochs, warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=1e-6,
+        max_grad_norm=cfg.max_grad_norm, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no",
+        eval_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
+        disable_tqdm=True)
 
 
 def no_dropout(model: torch.nn.Module) -> None:
@@ -124,49 +156,3 @@ def trace(cfg: FinetuneConfig, work: Path, dropout: bool = False) -> dict:
     theirs.eval()
     result["bertforge_eval"], result["transformers_eval"] = summary["eval"], task.evaluate(theirs)
     return result
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tasks", default="sst2,stsb,conll,squad")
-    parser.add_argument("--rows", type=int, default=512, help="training rows (sentences for conll)")
-    parser.add_argument("--squad-paragraphs", type=int, default=1)
-    parser.add_argument("--epochs", type=float, default=2)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--model", help="a checkpoint directory (default: all-MiniLM-L6-v2)")
-    parser.add_argument("--eval-articles", type=int, default=1, help="SQuAD: dev articles 39.. to evaluate on")
-    parser.add_argument("--dropout", action="store_true",
-                        help="keep dropout on, each library drawing its own masks (stored under KEY~dropout~seedN)")
-    args = parser.parse_args()
-    model_dir = str(Path(args.model) if args.model else minilm_dir())
-    previous = RESULTS / "trainer_trace.json"  # tasks and checkpoints traced separately accumulate in one file
-    results = json.loads(previous.read_text()) if previous.exists() else {}
-    label = Path(args.model).name if args.model else "all-MiniLM-L6-v2"
-    for name in args.tasks.split(","):
-        kind, train_rel, eval_rel, hyper, metric = TASKS[name]
-        work = Path(tempfile.mkdtemp(prefix=f"bf-trace-{name}-"))
-        if kind == "qa":
-            train_path, dev_path = squad_split(work, args.squad_paragraphs, eval_articles=args.eval_articles)
-        else:
-            train_path = subset(need(DATA / train_rel), work / f"train{Path(train_rel).suffix}", args.rows,
-                                conll=kind == "ner")
-            dev_path = need(DATA / eval_rel)
-        cfg = FinetuneConfig(task=kind, model=model_dir, train=str(train_path), dev=str(dev_path), out=str(work / "out"),
-                             seed=args.seed, warmup=0.1, progress=False, **{**hyper, "epochs": args.epochs})
-        result = trace(cfg, work, dropout=args.dropout)
-        key = f"{name}@{label}" + (f"~dropout~seed{args.seed}" if args.dropout else "")
-        flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
-                 if v is not None and v is not False and k not in ("tasks", "model")]
-        results[key] = {"command": " ".join(["python -m benchmarks.trainer_trace", *flags, f"--tasks {name}"]
-                                            + (["--model DIR"] if args.model else [])),
-                        "machine": machine(), **result}
-        print(f"{name}: {result['steps'][0]} steps; loss gap first {result['first_loss_gap']:.2e}, "
-              f"max {result['max_loss_gap']:.2e}, last {result['last_loss_gap']:.2e}; "
-              f"max weight gap {result['max_weight_gap']:.2e}; {metric}: bertforge "
-              f"{result['bertforge_eval'][metric]:.4f}, transformers {result['transformers_eval'][metric]:.4f}",
-              flush=True)
-        save("trainer_trace", results)
-
-
-if __name__ == "__main__":
-    main()
