@@ -219,3 +219,19 @@ def test_packing_helpers_round_trip():
     torch.testing.assert_close(restored[mask.bool()], x[mask.bool()])
     assert (restored[~mask.bool()] == 0).all()
     torch.testing.assert_close(packed[p.first_tokens], x[:, 0])
+
+
+def test_head_registry_describes_every_head():
+    """Each registry entry names a transformers class and outputs its model really returns."""
+    transformers = pytest.importorskip("transformers")
+    from bertforge.heads import HEADS, TASK_ARCHITECTURES
+    from bertforge.predict import TASKS as PREDICT_TASKS
+
+    ids = torch.randint(5, TINY["vocab_size"], (2, 7))
+    for name, info in HEADS.items():
+        assert info.cls.hf_architecture == name and hasattr(transformers, name)
+        out = info.cls(BertConfig(**TINY)).eval()(ids)
+        for output in info.outputs:
+            assert getattr(out, output, None) is not None, (name, output)
+    assert set(TASK_ARCHITECTURES) - {"regress"} <= set(PREDICT_TASKS)
+    assert TASK_ARCHITECTURES["fill-mask"] == ("BertForMaskedLM", "BertForPreTraining")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .errors import BertforgeError, require
-from .heads import ARCHITECTURES
+from .heads import HEADS, head_info
 from .hf import architecture_of
 
 
@@ -38,12 +38,10 @@ class _Outputs(torch.nn.Module):
 
 
 def _names(model) -> list[str]:
-    arch = model.hf_architecture
-    if arch == "BertModel":
-        return ["last_hidden_state"] + (["pooler_output"] if model.pooler is not None else [])
-    if arch == "BertForQuestionAnswering":
-        return ["start_logits", "end_logits"]
-    return ["logits"]
+    names = list(HEADS[model.hf_architecture].outputs)
+    if getattr(model, "pooler", "absent") is None:  # a backbone built without its pooler
+        names.remove("pooler_output")
+    return names
 
 
 def _sample(vocab: int, batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
@@ -61,7 +59,7 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18) -
     out_path = Path(out)
     if out_path.exists():
         raise BertforgeError(f"{out_path}: already exists; choose another --out")
-    model = ARCHITECTURES.get(architecture_of(model_dir), ARCHITECTURES["BertModel"]).from_pretrained(model_dir).eval()
+    model = head_info(architecture_of(model_dir)).cls.from_pretrained(model_dir).eval()
     names = _names(model)
     sample = _sample(model.config.vocab_size, 2, 16, 0)
     axes = {"batch": torch.export.Dim("batch", min=1, max=1024),

@@ -11,16 +11,11 @@ from safetensors import SafetensorError, safe_open
 from .errors import CheckpointError
 import torch
 
-from .heads import ARCHITECTURES
+from .heads import HEADS, head_info
 from .hf import DERIVED_KEYS, TIED_DECODER_KEY, architecture_of, from_hf_state_dict, read_config, read_weights, weights_files
 
-# The head a checkpoint carries, recognised by the first key prefix that matches.
-_HEADS = [
-    ("cls.predictions.", "masked-LM"),
-    ("cls.seq_relationship.", "next-sentence prediction"),
-    ("qa_outputs.", "question answering (start/end)"),
-    ("classifier.", "classifier"),
-]
+# The heads a checkpoint carries, recognised by their weights' key prefixes (from the head registry).
+_HEADS = list(dict.fromkeys(info.weights for info in HEADS.values() if info.weights))
 
 
 def _shapes(file: Path) -> dict[str, tuple[int, ...]]:
@@ -55,7 +50,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     # meta device and load shape-only tensors, which raises on the first mismatched key.
     architecture = architecture_of(path)
     with torch.device("meta"):
-        model = ARCHITECTURES.get(architecture, ARCHITECTURES["BertModel"])(config)
+        model = head_info(architecture).cls(config)
         report = from_hf_state_dict(model, {k: torch.empty(s) for k, s in shapes.items()}, source=str(path))
     return {
         "path": str(path),

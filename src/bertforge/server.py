@@ -150,26 +150,20 @@ def create_app(model_dir: str, limits: Limits | None = None):
 
     from . import pipelines
     from .errors import BertforgeError
-    from .heads import ARCHITECTURES
+    from .heads import head_info
     from .hf import architecture_of
     from .sentence_dir import sentence_pipeline
     from .tokenizer import Tokenizer
 
     limits = limits or Limits()
     architecture = architecture_of(model_dir)
-    model = ARCHITECTURES.get(architecture, ARCHITECTURES["BertModel"]).from_pretrained(model_dir).eval()
+    model = head_info(architecture).cls.from_pretrained(model_dir).eval()
     tokenizer = Tokenizer.from_pretrained(model_dir)
     sentence = sentence_pipeline(model_dir, model.config.hidden_size)
     backbone = getattr(model, "bert", model)
     torch.set_grad_enabled(False)
 
-    has = {
-        "embed": True,
-        "fill-mask": hasattr(model, "mlm"),
-        "classify": architecture == "BertForSequenceClassification",
-        "ner": architecture == "BertForTokenClassification",
-        "qa": architecture == "BertForQuestionAnswering",
-    }
+    served = {"embed", *head_info(architecture).tasks}  # every model has the encoder; the rest, per its head
     runners = {
         "embed": lambda texts: [v.tolist() for v in pipelines.embed(backbone, tokenizer, texts, sentence=sentence)],
         "fill-mask": lambda texts: pipelines.fill_mask(model, tokenizer, texts),
@@ -189,7 +183,7 @@ def create_app(model_dir: str, limits: Limits | None = None):
         return results
 
     wait = limits.batch_wait_ms / 1000
-    batchers = {name: MicroBatcher(run, wait, limits.max_batch) for name, run in runners.items() if has[name]}
+    batchers = {name: MicroBatcher(run, wait, limits.max_batch) for name, run in runners.items() if name in served}
 
     app = FastAPI(title="bertforge", description=f"Serving {Path(model_dir).name} ({architecture}).")
 
