@@ -8,8 +8,7 @@ input order. Outputs are plain dicts and lists, ready to print as JSON lines.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,15 +19,8 @@ import torch.nn.functional as F
 from .errors import InputError
 from .heads import BertForMaskedLM, BertForPreTraining
 from .sentence_dir import POOLING_MODES, SentencePipeline
-from .tasks import collate
+from .inference import device_of, run_sorted
 from .tokenizer import Tokenizer
-
-
-def length_batches(lengths: list[int], batch_size: int) -> Iterator[list[int]]:
-    """Indices grouped into batches of similar length (longest first, so memory peaks early)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    for start in range(0, len(order), batch_size):
-        yield order[start:start + batch_size]
 
 
 def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
@@ -57,28 +49,13 @@ def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _run_sorted(texts: list, tokenizer: Tokenizer, max_length: int, batch_size: int,
                 step: Callable[[dict, list[int]], list], pairs: list | None = None,
-                progress: bool = False) -> list:
-    """Tokenise, batch by length, call `step(batch, rows)` -> one result per row; return in input order."""
+                progress: bool = False, device: torch.device | None = None) -> list:
+    """Tokenise, then `run_sorted`: `step(batch, rows)` -> one result per row, in input order."""
     enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
-    lengths = [len(ids) for ids in enc["input_ids"]]
-    results: list = [None] * len(texts)
-    batches = list(length_batches(lengths, batch_size))
-    if progress:
-        from tqdm import tqdm
-
-        batches = tqdm(batches, desc="predict", unit="batch")
     features = [{"input_ids": ids, "token_type_ids": types} for ids, types in zip(enc["input_ids"], enc["token_type_ids"])]
-    for rows in batches:
-        batch = collate([features[i] for i in rows], tokenizer.pad_token_id)
-        for i, value in zip(rows, step(batch, rows)):
-            results[i] = value
-    return results
+    return run_sorted(features, tokenizer.pad_token_id, batch_size, step, device=device, progress=progress)
 
 
 # ----------------------------------------------------------------------------- fill-mask
@@ -109,7 +86,7 @@ def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer,
     weight = model.bert.embeddings.word.weight
 
     def step(batch, rows):
-        batch = {k: v.to(_device(model)) for k, v in batch.items()}
+        batch = {k: v.to(device_of(model)) for k, v in batch.items()}
         hidden = model.bert(**batch).last_hidden_state
         at_masks = batch["input_ids"] == mask_id
         probs = model.mlm(hidden[at_masks], weight).float().softmax(-1)  # only the masked positions
@@ -141,7 +118,7 @@ def fill_mask_joint(model, tokenizer: Tokenizer, text: str) -> dict:
         at = (ids[0] == tokenizer.mask_token_id).nonzero()[:, 0]
         if len(at) == 0:
             break
-        hidden = model.bert(ids.to(_device(model))).last_hidden_state[0, at]
+        hidden = model.bert(ids.to(device_of(model))).last_hidden_state[0, at]
         probs = model.mlm(hidden, model.bert.embeddings.word.weight).float().softmax(-1)
         best, token = probs.max(-1)
         k = int(best.argmax())
@@ -163,7 +140,7 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
         f"LABEL_{i}" for i in range(config.num_labels)]
 
     def step(batch, rows):
-        logits = model(**{k: v.to(_device(model)) for k, v in batch.items()}).logits.float()
+        logits = model(**{k: v.to(device_of(model)) for k, v in batch.items()}).logits.float()
         out = []
         for row in logits:
             if kind == "regression":
@@ -213,7 +190,7 @@ def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", 
                      backbone.config.max_position_embeddings)
 
     def step(batch, rows):
-        batch = {k: v.to(_device(backbone)) for k, v in batch.items()}
+        batch = {k: v.to(device_of(backbone)) for k, v in batch.items()}
         out = backbone(**batch)
         if use_pooler:
             v = out.pooler_output.float()
@@ -256,7 +233,7 @@ def read_inputs(texts: list[str], input_file: str | None, stdin_lines: list[str]
 # ----------------------------------------------------------------------------- NER
 @torch.no_grad()
 def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first", stride: int = 64,
-        max_length: int | None = None) -> list[list[dict]]:
+        max_length: int | None = None, batch_size: int = 32) -> list[list[dict]]:
     """Entities per text with character offsets: `{"entity_group", "score", "word", "start", "end"}`.
 
     Long texts are cut into overlapping windows (`stride` tokens of overlap) whose token
@@ -271,23 +248,31 @@ def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first
     # Windows must move forward: the overlap has to be shorter than a window's text ([CLS] and [SEP] aside).
     # The default overlap is halved for models whose windows are short.
     stride = min(stride, (max_length - 2) // 2)
+    if not texts:
+        return []
+    # Every window of every text goes through the model in length-sorted batches, as other pipelines do.
+    enc = tokenizer(list(texts), truncation=True, max_length=max_length, stride=stride,
+                    return_overflowing_tokens=True, return_offsets_mapping=True)
+    windows = [{"input_ids": ids, "token_type_ids": types} for ids, types in zip(enc["input_ids"], enc["token_type_ids"])]
+
+    def step(batch: dict, rows: list[int]) -> list:
+        probs = model(**batch).logits.float().softmax(-1).cpu()  # (B, T, labels)
+        return [probs[j, :len(windows[i]["input_ids"])] for j, i in enumerate(rows)]
+
+    window_probs = run_sorted(windows, tokenizer.pad_token_id, batch_size, step, device=device_of(model))
+    token_probs: list[dict[tuple[int, int], list]] = [{} for _ in texts]
+    token_word: list[dict[tuple[int, int], int]] = [{} for _ in texts]
+    for w, text_index in enumerate(enc["overflow_to_sample_mapping"]):
+        for t, (span, word) in enumerate(zip(enc["offset_mapping"][w], enc.word_ids(w))):
+            if word is None:
+                continue
+            token_probs[text_index].setdefault(tuple(span), []).append(window_probs[w][t])
+            token_word[text_index][tuple(span)] = word
     results = []
-    for text in texts:
-        enc = tokenizer(text, truncation=True, max_length=max_length, stride=stride, return_overflowing_tokens=True,
-                        return_offsets_mapping=True)
-        token_probs: dict[tuple[int, int], list] = {}
-        token_word: dict[tuple[int, int], int] = {}
-        for w in range(len(enc["input_ids"])):
-            ids = torch.tensor([enc["input_ids"][w]], device=_device(model))
-            probs = model(ids).logits[0].float().softmax(-1).cpu()
-            for t, (span, word) in enumerate(zip(enc["offset_mapping"][w], enc.word_ids(w))):
-                if word is None:
-                    continue
-                token_probs.setdefault(tuple(span), []).append(probs[t])
-                token_word[tuple(span)] = word
+    for text, probs_at, word_at in zip(texts, token_probs, token_word):
         words: dict[int, list] = {}
-        for span in sorted(token_probs):
-            words.setdefault(token_word[span], []).append((span, torch.stack(token_probs[span]).mean(0)))
+        for span in sorted(probs_at):
+            words.setdefault(word_at[span], []).append((span, torch.stack(probs_at[span]).mean(0)))
         tagged = []
         for word in sorted(words):
             pieces = words[word]
@@ -343,14 +328,14 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
     # As transformers' QA pipeline does, keep the overlap of context windows to at most half a window.
     features = qa_features(examples, tokenizer, max_length, min(stride, max_length // 2))
     model.eval()
-    starts, ends = [None] * len(features), [None] * len(features)
-    for rows in length_batches([len(f["input_ids"]) for f in features], batch_size):
-        batch = collate([features[i] for i in rows], tokenizer.pad_token_id)
-        out = model(**{k: v.to(_device(model)) for k, v in batch.items()})
-        for j, i in enumerate(rows):
-            n = len(features[i]["input_ids"])
-            starts[i] = out.start_logits[j, :n].float().cpu().numpy()
-            ends[i] = out.end_logits[j, :n].float().cpu().numpy()
+    def step(batch: dict, rows: list[int]) -> list:
+        out = model(**batch)
+        start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+        sizes = [len(features[i]["input_ids"]) for i in rows]
+        return [(start[j, :n], end[j, :n]) for j, n in enumerate(sizes)]
+
+    inputs = [{k: f[k] for k in ("input_ids", "token_type_ids")} for f in features]
+    starts, ends = zip(*run_sorted(inputs, tokenizer.pad_token_id, batch_size, step, device=device_of(model)))
     details: dict = {}
     answers, margins = best_answers(examples, features, starts, ends, n_best, max_answer_len, null_threshold,
                                     details=details)

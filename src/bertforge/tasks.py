@@ -15,6 +15,7 @@ import torch
 
 from .data.batching import collate
 from .heads import IGNORE_INDEX
+from .inference import device_of, run_sorted
 from .metrics import classification_metrics, entity_metrics, regression_metrics
 
 
@@ -51,16 +52,11 @@ class FeatureTask:
     @torch.no_grad()
     def predict(self, model, features: list[dict], take: Callable) -> list:
         """`take(output, batch)` -> one item per row; batches sorted by length, results in input order."""
-        device = next(model.parameters()).device
-        order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
-        results: list = [None] * len(features)
-        for start in range(0, len(order), self.batch_size * 2):
-            rows = order[start:start + self.batch_size * 2]
-            batch = collate([features[i] for i in rows], self.pad_id)
-            inputs = {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
-            for i, item in zip(rows, take(model(**inputs), batch)):
-                results[i] = item
-        return results
+        def step(batch: dict, rows: list[int]) -> list:
+            inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+            return take(model(**inputs), batch)
+
+        return run_sorted(features, self.pad_id, self.batch_size * 2, step, device=device_of(model))
 
 
 class ClassificationTask(FeatureTask):
