@@ -230,3 +230,13 @@ def test_vocabulary_training_is_byte_identical_across_processes(tmp_path):
         subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, str(corpus), str(out)], check=True)
         outputs.append(((out / "vocab.txt").read_bytes(), (out / "tokenizer.json").read_bytes()))
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_a_vocabulary_without_a_mask_token_still_encodes(tmp_path):
+    """Only fill-mask needs [MASK]; transformers loads such a vocabulary, and so does bertforge."""
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\nworld\n")
+    tok = Tokenizer.from_pretrained(tmp_path)
+    assert tok("hello world")["input_ids"] == [2, 4, 5, 3] and tok.mask_token_id is None
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[SEP]\nhello\n")
+    with pytest.raises(TokenizerError, match="cls_token"):
+        Tokenizer.from_pretrained(tmp_path)

@@ -125,8 +125,9 @@ def read_settings(path: Path) -> dict[str, Any]:
             raise TokenizerError(f"{config_file}: key '{key}' must be a list of tokens, got {value!r}")
         extra += [_token_text(v, key, config_file) for v in value]
     settings["extra_specials"] = extra
-    known = {"do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length", "max_len", "never_split", "do_basic_tokenize", "tokenizer_class", "padding_side",
-             "truncation_side", "split_special_tokens", "pad_token_type_id", *SPECIAL_ROLES, *_NO_EFFECT_KEYS}
+    known = {"do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length", "max_len", "never_split",
+             "do_basic_tokenize", "tokenizer_class", "padding_side", "truncation_side", "split_special_tokens",
+             "pad_token_type_id", *SPECIAL_ROLES, *_NO_EFFECT_KEYS}
     unknown = sorted(k for k in config if k not in known)
     if unknown:
         log.warning("%s: keys %s are not BertTokenizer settings; transformers ignores them and so does bertforge",
@@ -166,7 +167,10 @@ def bert_normalizer(lowercase: bool, strip_accents: bool | None = None, chinese_
 def _finish_backend(backend: Backend, specials: dict[str, str] | None = None, extra_specials: list[str] = ()) -> Backend:
     """Add the [CLS]/[SEP] template, the special tokens and the WordPiece decoder to a backend with a vocabulary."""
     specials = specials or DEFAULT_SPECIALS
-    missing = [f"{specials[r]!r} ({r})" for r in SPECIAL_ROLES if backend.token_to_id(specials[r]) is None]
+    # Encoding needs these four; a vocabulary without a mask token still classifies, tags and embeds
+    # (fill-mask then says there is no mask token), as in transformers.
+    needed = ("pad_token", "unk_token", "cls_token", "sep_token")
+    missing = [f"{specials[r]!r} ({r})" for r in needed if backend.token_to_id(specials[r]) is None]
     missing += [f"{t!r} (additional special token)" for t in extra_specials if backend.token_to_id(t) is None]
     if missing:
         raise TokenizerError(f"vocabulary lacks the special token(s) {', '.join(missing)}")
@@ -179,7 +183,8 @@ def _finish_backend(backend: Backend, specials: dict[str, str] | None = None, ex
     backend.decoder = decoders.WordPiece(prefix="##")
     backend.model.unk_token = specials["unk_token"]
     # Special tokens typed in the text ("[MASK]") are matched whole, before normalisation.
-    backend.add_special_tokens([specials[r] for r in SPECIAL_ROLES] + list(extra_specials))
+    present = [specials[r] for r in SPECIAL_ROLES if backend.token_to_id(specials[r]) is not None]
+    backend.add_special_tokens(present + list(extra_specials))
     return backend
 
 
@@ -396,7 +401,8 @@ class Tokenizer:
 
     @property
     def special_ids(self) -> set[int]:
-        return {self.backend.token_to_id(t) for t in [*self.specials.values(), *self.extra_specials]}
+        ids = (self.backend.token_to_id(t) for t in [*self.specials.values(), *self.extra_specials])
+        return {i for i in ids if i is not None}
 
     # ----------------------------------------------------------------- encoding
     def tokenize(self, text: str) -> list[str]:
