@@ -15,7 +15,7 @@ from bertforge import BertConfig, BertModel, Tokenizer
 from bertforge.data.classification import Columns, label_set, read_examples, truncate_ids
 from bertforge.data.ner import read_sentences
 from bertforge.errors import InputError
-from bertforge.finetune import ner_features
+from bertforge.tasks.token_classification import ner_features
 
 from conftest import shared
 
@@ -184,3 +184,11 @@ def test_every_training_example_is_seen_each_epoch():
     assert task.micro_batches_per_epoch(0) == 3
     seen = [int(t) for i in range(3) for t in task.micro_batch(0, i)["input_ids"][:, 1]]
     assert sorted(seen) == list(range(10, 20))
+
+
+def test_every_task_name_has_a_module():
+    """The CLI's task names (runconfig, torch-free) and the task table (tasks/) list the same tasks."""
+    from bertforge.runconfig import TASKS as NAMES
+    from bertforge.tasks import TASKS
+
+    assert set(NAMES) == set(TASKS)

@@ -18,18 +18,15 @@ from typing import Any
 
 import torch
 
-from .config import BertConfig
-from .data.classification import (Columns, check_labels, label_set, read_examples, regression_targets,
-                                  truncate_ids)
-from .data.ner import align_labels, read_sentences
+from .data.classification import Columns
 from .errors import BertforgeError, InputError
-from .heads import (TASK_ARCHITECTURES, BertForQuestionAnswering, BertForSequenceClassification,
-                    BertForTokenClassification)
+from .heads import TASK_ARCHITECTURES
 from .hf import load_for_task
-from .tasks import ClassificationTask, QuestionAnsweringTask, TokenClassificationTask
-from .tokenizer import Tokenizer
 from .runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
+from .tasks import TASKS as TASK_BUILDERS
+from .tokenizer import Tokenizer
 from .train import Trainer
+
 
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
     if Path(cfg.model).is_dir() and not cfg.tokenizer:
@@ -39,117 +36,9 @@ def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
     return Tokenizer.from_pretrained(cfg.tokenizer)
 
 
-def _model(cfg: FinetuneConfig, cls: type, labels: list[str] | None, tokenizer: Tokenizer):
-    """The model with a head for `labels`; a checkpoint's own label set must match the data's."""
-    id2label = {i: name for i, name in enumerate(labels)} if labels else None
-    num_labels = len(labels) if labels else (2 if cfg.task == "qa" else 1)
-    problem = "regression" if cfg.task == "regress" else None
-    if Path(cfg.model).is_dir():
-        existing = BertConfig.from_json(Path(cfg.model) / "config.json")
-        named = existing.id2label and not all(v.startswith("LABEL_") for v in existing.id2label.values())
-        archs = json.loads((Path(cfg.model) / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-        if named and cls.hf_architecture in archs and labels:
-            if set(existing.id2label.values()) != set(labels):
-                raise InputError(f"{cfg.model}: the model's labels ({', '.join(existing.id2label.values())}) differ "
-                                 f"from the data's ({', '.join(labels)}); start from a backbone checkpoint instead")
-            id2label = existing.id2label  # keep the checkpoint's label order
-        return cls.from_pretrained(cfg.model, num_labels=num_labels, id2label=id2label,
-                                   label2id={v: k for k, v in id2label.items()} if id2label else None,
-                                   problem_type=problem)
-    config = BertConfig.from_preset(cfg.model, vocab_size=tokenizer.vocab_size, num_labels=num_labels,
-                                    id2label=id2label, problem_type=problem)
-    return cls(config)
-
-
-def classification_features(examples, tokenizer: Tokenizer, seq_len: int, truncation: str,
-                            targets: list) -> list[dict]:
-    """[CLS] text [SEP] (pair [SEP]) features; pairs are trimmed longest-first, single texts by `truncation`."""
-    if examples[0].pair is not None:
-        enc = tokenizer([e.text for e in examples], [e.pair or "" for e in examples], truncation=True,
-                        max_length=seq_len)
-        return [{"input_ids": ids, "token_type_ids": types, "labels": y}
-                for ids, types, y in zip(enc["input_ids"], enc["token_type_ids"], targets)]
-    enc = tokenizer([e.text for e in examples], add_special_tokens=False)
-    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
-    features = []
-    for ids, y in zip(enc["input_ids"], targets):
-        ids = [cls, *truncate_ids(ids, seq_len - 2, truncation), sep]
-        features.append({"input_ids": ids, "token_type_ids": [0] * len(ids), "labels": y})
-    return features
-
-
-def ner_features(sentences, tokenizer: Tokenizer, seq_len: int, label2id: dict[str, int]) -> list[dict]:
-    enc = tokenizer([s.tokens for s in sentences], is_split_into_words=True, truncation=True, max_length=seq_len,
-                    return_word_ids=True)
-    features = []
-    for s, ids, types, word_ids in zip(sentences, enc["input_ids"], enc["token_type_ids"], enc["word_ids"]):
-        features.append({"input_ids": ids, "token_type_ids": types, "tags": s.tags, "num_words": len(s.tokens),
-                         "labels": align_labels(word_ids, [label2id[t] for t in s.tags])})
-    return features
-
-
 def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
-    """(model, task) for a config; `model` given means evaluate with it (labels from its config)."""
-    pack_to = cfg.seq_len if cfg.pack else None
-    if cfg.task == "qa":
-        from .data.qa import qa_features, read_squad
-
-        if cfg.pack:
-            raise BertforgeError("--pack is not supported for qa: its windows already fill --seq-len")
-
-        train = read_squad(train_path)[0] if train_path else []
-        dev, raw = read_squad(dev_path)
-        if model is None:
-            model = _model(cfg, BertForQuestionAnswering, None, tokenizer)
-        train_features = qa_features(train, tokenizer, cfg.seq_len, cfg.doc_stride, training=True) if train else []
-        task = QuestionAnsweringTask(train_features, qa_features(dev, tokenizer, cfg.seq_len, cfg.doc_stride),
-                                     cfg.batch_size, cfg.seed, tokenizer.pad_token_id, examples=dev, raw=raw["data"],
-                                     n_best=cfg.n_best, max_answer_len=cfg.max_answer_len,
-                                     null_threshold=cfg.null_threshold, tune_null_threshold=cfg.tune_null_threshold)
-        return model, task
-    if cfg.task == "ner":
-        train = read_sentences(train_path) if train_path else None
-        dev = read_sentences(dev_path)
-        if model is not None:
-            labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        else:
-            # Every entity type seen in training gets both B- and I-, so a dev file may use either.
-            types = sorted({t[2:] for s in train for t in s.tags if t != "O"})
-            labels = ["O"] + [f"{p}-{kind}" for kind in types for p in ("B", "I")]
-            model = _model(cfg, BertForTokenClassification, labels, tokenizer)
-            labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        label2id = {name: i for i, name in enumerate(labels)}
-        for path, sentences in ((train_path, train or []), (dev_path, dev)):
-            for s in sentences:
-                unknown = [t for t in s.tags if t not in label2id]
-                if unknown:
-                    raise InputError(f"{path}:{s.line}: tag '{unknown[0]}' has an entity type not seen in training")
-        make = lambda sentences: ner_features(sentences, tokenizer, cfg.seq_len, label2id)  # noqa: E731
-        task = TokenClassificationTask(make(train) if train else [], make(dev), cfg.batch_size, cfg.seed,
-                                       tokenizer.pad_token_id, pack_to, id2label=dict(enumerate(labels)))
-        return model, task
-
-    columns = Columns(cfg.text_column, cfg.pair_column, cfg.label_column)
-    train = read_examples(train_path, columns) if train_path else None
-    dev = read_examples(dev_path, columns)
-    if cfg.task == "regress":
-        if model is None:
-            model = _model(cfg, BertForSequenceClassification, None, tokenizer)
-        targets = lambda ex, path: regression_targets(ex, path)  # noqa: E731
-        id2label = None
-    else:
-        if model is None:
-            model = _model(cfg, BertForSequenceClassification, label_set(train), tokenizer)
-        id2label = model.config.id2label
-        label2id = {v: k for k, v in id2label.items()}
-        for path, examples in ((train_path, train or []), (dev_path, dev)):
-            check_labels(examples, label2id, path)
-        targets = lambda ex, path: [label2id[str(e.label)] for e in ex]  # noqa: E731
-    make = lambda ex, path: classification_features(ex, tokenizer, cfg.seq_len, cfg.truncation,  # noqa: E731
-                                                    targets(ex, path))
-    task = ClassificationTask(make(train, train_path) if train else [], make(dev, dev_path), cfg.batch_size, cfg.seed,
-                              tokenizer.pad_token_id, pack_to, id2label=id2label, regression=cfg.task == "regress")
-    return model, task
+    """(model, task) for a config, from the task's own module; a given `model` is evaluated as it is."""
+    return TASK_BUILDERS[cfg.task](cfg, tokenizer, train_path, dev_path, model)
 
 
 def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:

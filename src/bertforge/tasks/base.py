@@ -1,0 +1,80 @@
+"""What every fine-tuning task shares: shuffled training batches and length-sorted prediction over
+feature dicts (`FeatureTask`), and the model a task starts from (`new_model`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import BertConfig
+from ..data.batching import collate
+from ..errors import InputError
+from ..inference import device_of, run_sorted
+from ..runconfig import FinetuneConfig
+from ..tokenizer import Tokenizer
+
+
+class FeatureTask:
+    """Shuffled training batches and length-sorted prediction over feature dicts."""
+
+    main_metric = "loss"
+    greater_is_better = True
+
+    def __init__(self, train: list[dict], dev: list[dict], batch_size: int, seed: int, pad_id: int,
+                 pack_to: int | None = None) -> None:
+        self.train, self.dev = train, dev
+        self.batch_size, self.seed, self.pad_id = batch_size, seed, pad_id
+        self.pack_to = pack_to  # training batches keep batch_size examples, packed into rows of this many tokens
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def micro_batches_per_epoch(self, epoch: int) -> int:
+        # The last, smaller batch is kept, as transformers' Trainer keeps it: every example counts.
+        return -(-len(self.train) // self.batch_size)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The training features' order in an epoch: a permutation fixed by (seed, epoch), so resume needs no state."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng([self.seed, 23, epoch]).permutation(len(self.train)))
+        return self._order[1]
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+        rows = self.epoch_order(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+        return collate([self.train[int(r)] for r in rows], self.pad_id, self.pack_to)
+
+    def loss(self, model, batch):
+        return model(**batch).loss, {}
+
+    @torch.no_grad()
+    def predict(self, model, features: list[dict], take: Callable) -> list:
+        """`take(output, batch)` -> one item per row; batches sorted by length, results in input order."""
+        def step(batch: dict, rows: list[int]) -> list:
+            inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+            return take(model(**inputs), batch)
+
+        return run_sorted(features, self.pad_id, self.batch_size * 2, step, device=device_of(model))
+
+
+def new_model(cfg: FinetuneConfig, cls: type, labels: list[str] | None, tokenizer: Tokenizer):
+    """The model with a head for `labels`; a checkpoint's own label set must match the data's."""
+    id2label = {i: name for i, name in enumerate(labels)} if labels else None
+    num_labels = len(labels) if labels else (2 if cfg.task == "qa" else 1)
+    problem = "regression" if cfg.task == "regress" else None
+    if Path(cfg.model).is_dir():
+        existing = BertConfig.from_json(Path(cfg.model) / "config.json")
+        named = existing.id2label and not all(v.startswith("LABEL_") for v in existing.id2label.values())
+        archs = json.loads((Path(cfg.model) / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+        if named and cls.hf_architecture in archs and labels:
+            if set(existing.id2label.values()) != set(labels):
+                raise InputError(f"{cfg.model}: the model's labels ({', '.join(existing.id2label.values())}) differ "
+                                 f"from the data's ({', '.join(labels)}); start from a backbone checkpoint instead")
+            id2label = existing.id2label  # keep the checkpoint's label order
+        return cls.from_pretrained(cfg.model, num_labels=num_labels, id2label=id2label,
+                                   label2id={v: k for k, v in id2label.items()} if id2label else None,
+                                   problem_type=problem)
+    config = BertConfig.from_preset(cfg.model, vocab_size=tokenizer.vocab_size, num_labels=num_labels,
+                                    id2label=id2label, problem_type=problem)
+    return cls(config)

@@ -1,0 +1,84 @@
+"""Sequence classification and regression (GLUE-style TSV, CSV or JSONL): reader -> features ->
+task -> metric (accuracy / F1 / MCC, or Pearson / Spearman)."""
+
+from __future__ import annotations
+
+from ..data.classification import (Columns, check_labels, label_set, read_examples, regression_targets,
+                                   truncate_ids)
+from ..heads import BertForSequenceClassification
+from ..metrics import classification_metrics, regression_metrics
+from ..runconfig import FinetuneConfig
+from ..tokenizer import Tokenizer
+from .base import FeatureTask, new_model
+
+
+class ClassificationTask(FeatureTask):
+    """Single-label classification (accuracy selects the model) or, with `regression`, Pearson."""
+
+    def __init__(self, *args, id2label: dict[int, str] | None = None, regression: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.id2label, self.regression = id2label, regression
+        self.main_metric = "pearson" if regression else "accuracy"
+
+    def predictions(self, model, features: list[dict]) -> list:
+        if self.regression:
+            return self.predict(model, features, lambda out, _: out.logits.squeeze(-1).float().tolist())
+        return self.predict(model, features, lambda out, _: out.logits.argmax(-1).tolist())
+
+    def evaluate(self, model) -> dict[str, float]:
+        return self.score(self.predictions(model, self.dev), [f["labels"] for f in self.dev])
+
+    def score(self, predicted: list, gold: list) -> dict[str, float]:
+        if self.regression:
+            return regression_metrics(gold, predicted)
+        names = [self.id2label[i] for i in range(len(self.id2label))]
+        return classification_metrics([names[g] for g in gold], [names[p] for p in predicted], labels=names)
+
+
+def classification_features(examples, tokenizer: Tokenizer, seq_len: int, truncation: str,
+                            targets: list) -> list[dict]:
+    """[CLS] text [SEP] (pair [SEP]) features; pairs are trimmed longest-first, single texts by `truncation`."""
+    if examples[0].pair is not None:
+        enc = tokenizer([e.text for e in examples], [e.pair or "" for e in examples], truncation=True,
+                        max_length=seq_len)
+        return [{"input_ids": ids, "token_type_ids": types, "labels": y}
+                for ids, types, y in zip(enc["input_ids"], enc["token_type_ids"], targets)]
+    enc = tokenizer([e.text for e in examples], add_special_tokens=False)
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    features = []
+    for ids, y in zip(enc["input_ids"], targets):
+        ids = [cls, *truncate_ids(ids, seq_len - 2, truncation), sep]
+        features.append({"input_ids": ids, "token_type_ids": [0] * len(ids), "labels": y})
+    return features
+
+
+def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
+    """(model, task) for `classify` and `regress`; a given `model` is evaluated, its labels kept."""
+    columns = Columns(cfg.text_column, cfg.pair_column, cfg.label_column)
+    train = read_examples(train_path, columns) if train_path else None
+    dev = read_examples(dev_path, columns)
+    if cfg.task == "regress":
+        if model is None:
+            model = new_model(cfg, BertForSequenceClassification, None, tokenizer)
+        id2label = None
+
+        def targets(examples, path):
+            return regression_targets(examples, path)
+    else:
+        if model is None:
+            model = new_model(cfg, BertForSequenceClassification, label_set(train), tokenizer)
+        id2label = model.config.id2label
+        label2id = {v: k for k, v in id2label.items()}
+        for path, examples in ((train_path, train or []), (dev_path, dev)):
+            check_labels(examples, label2id, path)
+
+        def targets(examples, path):
+            return [label2id[str(e.label)] for e in examples]
+
+    def make(examples, path):
+        return classification_features(examples, tokenizer, cfg.seq_len, cfg.truncation, targets(examples, path))
+
+    pack_to = cfg.seq_len if cfg.pack else None
+    task = ClassificationTask(make(train, train_path) if train else [], make(dev, dev_path), cfg.batch_size, cfg.seed,
+                              tokenizer.pad_token_id, pack_to, id2label=id2label, regression=cfg.task == "regress")
+    return model, task
