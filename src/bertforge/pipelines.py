@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 import torch
-
 import torch.nn.functional as F
 
 from .errors import InputError
 from .heads import BertForMaskedLM, BertForPreTraining
-from .sentence_dir import POOLING_MODES, SentencePipeline
 from .inference import device_of, run_sorted
+from .sentence_dir import POOLING_MODES, SentencePipeline
 from .tokenizer import Tokenizer
 
 
@@ -86,7 +85,6 @@ def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer,
     weight = model.bert.embeddings.word.weight
 
     def step(batch, rows):
-        batch = {k: v.to(device_of(model)) for k, v in batch.items()}
         hidden = model.bert(**batch).last_hidden_state
         at_masks = batch["input_ids"] == mask_id
         probs = model.mlm(hidden[at_masks], weight).float().softmax(-1)  # only the masked positions
@@ -103,7 +101,8 @@ def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer,
                                  for sc, tok in zip(s, t)])
         return per_row
 
-    return _run_sorted(texts, tokenizer, model.config.max_position_embeddings, batch_size, step)
+    return _run_sorted(texts, tokenizer, model.config.max_position_embeddings, batch_size, step,
+                       device=device_of(model))
 
 
 @torch.no_grad()
@@ -140,7 +139,7 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
         f"LABEL_{i}" for i in range(config.num_labels)]
 
     def step(batch, rows):
-        logits = model(**{k: v.to(device_of(model)) for k, v in batch.items()}).logits.float()
+        logits = model(**batch).logits.float()
         out = []
         for row in logits:
             if kind == "regression":
@@ -155,7 +154,8 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
                 out.append({"label": names[best], "score": float(probs[best]), "scores": scores})
         return out
 
-    return _run_sorted(texts, tokenizer, config.max_position_embeddings, batch_size, step, pairs=pairs)
+    return _run_sorted(texts, tokenizer, config.max_position_embeddings, batch_size, step, pairs=pairs,
+                       device=device_of(model))
 
 
 # ----------------------------------------------------------------------------- embeddings
@@ -190,7 +190,6 @@ def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", 
                      backbone.config.max_position_embeddings)
 
     def step(batch, rows):
-        batch = {k: v.to(device_of(backbone)) for k, v in batch.items()}
         out = backbone(**batch)
         if use_pooler:
             v = out.pooler_output.float()
@@ -199,7 +198,8 @@ def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", 
             v = sentence(out.last_hidden_state.float(), batch["attention_mask"])
         return list(v.cpu().numpy())
 
-    vectors = _run_sorted(texts, tokenizer, max_length, batch_size, step, progress=progress)
+    vectors = _run_sorted(texts, tokenizer, max_length, batch_size, step, progress=progress,
+                          device=device_of(backbone))
     return np.stack(vectors) if vectors else np.zeros((0, backbone.config.hidden_size), dtype=np.float32)
 
 

@@ -10,7 +10,6 @@ and key. `SentencePipeline.__call__` then applies them to the encoder's output.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ import torch.nn.functional as F
 
 from .errors import ConfigError
 
-log = logging.getLogger("bertforge")
 
 # sentence-transformers' pooling modes, in the order its legacy `pooling_mode_*` flags concatenate them.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -122,7 +120,8 @@ def _json(file: Path) -> Any:
         raise ConfigError(f"{file}: not valid JSON ({exc})") from None
 
 
-def _pooling(folder: Path, hidden_size: int | None) -> tuple[str, ...]:
+def _pooling(folder: Path, hidden_size: int | None) -> tuple[tuple[str, ...], bool]:
+    """The pooling modes of a Pooling folder, and its include_prompt."""
     file = folder / "config.json"
     config = _json(file)
     if not isinstance(config, dict):
@@ -138,9 +137,7 @@ def _pooling(folder: Path, hidden_size: int | None) -> tuple[str, ...]:
     dim = config.get("word_embedding_dimension", config.get("embedding_dimension"))
     if hidden_size is not None and dim is not None and dim != hidden_size:
         raise ConfigError(f"{file}: embedding dimension {dim} does not match the model's hidden_size {hidden_size}")
-    if config.get("include_prompt", True) is False:
-        log.info("%s: include_prompt is false; it matters only with a prompt, and is honoured then", file)
-    return modes
+    return modes, config.get("include_prompt", True) is not False
 
 
 def _activation(name: Any, file: Path) -> torch.nn.Module:
@@ -189,6 +186,7 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
     if not isinstance(modules, list):
         raise ConfigError(f"{modules_file}: expected a list of modules")
     pipeline = SentencePipeline(steps=[])
+    prompt_excluded_by = None  # the Pooling config that says include_prompt: false, if any
     for i, module in enumerate(sorted(modules, key=lambda m: m.get("idx", 0) if isinstance(m, dict) else 0)):
         if not isinstance(module, dict) or not isinstance(module.get("type"), str):
             raise ConfigError(f"{modules_file}: module {i} has no 'type'")
@@ -199,7 +197,10 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
                 raise ConfigError(f"{modules_file}: the Transformer module is at {module.get('path')!r}; bertforge "
                                   "reads directories whose encoder is the first module, at the top level")
         elif kind == "Pooling":
-            pipeline.steps.append(("pool", _pooling(folder, hidden_size)))
+            modes, include_prompt = _pooling(folder, hidden_size)
+            pipeline.steps.append(("pool", modes))
+            if not include_prompt:
+                prompt_excluded_by = folder / "config.json"
         elif kind == "Dense":
             if not pipeline.steps:
                 raise ConfigError(f"{modules_file}: a Dense module before any Pooling is not supported")
@@ -247,12 +248,8 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
             if name not in prompts:
                 raise ConfigError(f"{st_file}: default_prompt_name {name!r} is not one of the prompts")
             pipeline.prompt = prompts[name]
-            if any(kind == "pool" for kind, _ in pipeline.steps):
-                for module in modules:
-                    folder = model_dir / module.get("path", "")
-                    if module["type"].endswith("Pooling") and _json(folder / "config.json").get("include_prompt") is False:
-                        raise ConfigError(f"{folder / 'config.json'}: include_prompt false with a default prompt "
-                                          "is not supported")
+            if prompt_excluded_by is not None:  # pooling without the prompt's tokens is not implemented
+                raise ConfigError(f"{prompt_excluded_by}: include_prompt false with a default prompt is not supported")
     return pipeline
 
 
