@@ -21,7 +21,7 @@ def test_export_classifier_and_run_on_new_shapes(tmp_path):
     model.save_pretrained(tmp_path / "ckpt")
     out = tmp_path / "model.onnx"
     result = subprocess.run([sys.executable, "-m", "bertforge", "export", "onnx", "--model", str(tmp_path / "ckpt"),
-                             "--out", str(out), "--int8"], capture_output=True, text=True, timeout=600)
+                             "--out", str(out), "--int8", "--json"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["max_abs_diff_fp32"] <= 1e-4 and report["outputs"] == ["logits"]

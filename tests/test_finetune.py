@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bertforge import BertConfig, BertModel, Tokenizer
 from bertforge.data.classification import Columns, label_set, read_examples, truncate_ids
@@ -120,7 +121,8 @@ def test_finetune_classify_end_to_end(tmp_path, tiny_checkpoint):
     transformers = pytest.importorskip("transformers")
     _, info = transformers.BertForSequenceClassification.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"]
-    again = run("evaluate", "classify", "--model", str(out), "--data", str(dev), "--predictions", str(tmp_path / "p.jsonl"))
+    again = run("evaluate", "classify", "--model", str(out), "--data", str(dev), "--predictions", str(tmp_path / "p.jsonl"),
+                "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["accuracy"] == pytest.approx(results["accuracy"])
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 40
@@ -129,6 +131,60 @@ def test_finetune_classify_end_to_end(tmp_path, tiny_checkpoint):
     refused = run("finetune", "classify", "--model", str(out), "--train", str(sst), "--dev", str(sst),
                   "--out", str(tmp_path / "x"))
     assert refused.returncode == 2 and "labels (entailment, not_entailment) differ" in refused.stderr
+
+
+def test_finetune_eval_every_config_file_and_exact_resume(tmp_path, tiny_checkpoint):
+    """--eval-every, settings from a YAML file (flags win), and a SIGKILLed run resumed with --resume
+    that exports bitwise the same selected model as an uninterrupted run."""
+    import random
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    train = slice_file(shared("glue", "RTE", "train.tsv"), tmp_path / "train.tsv", 129)
+    dev = slice_file(shared("glue", "RTE", "dev.tsv"), tmp_path / "dev.tsv", 41)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {tiny_checkpoint}\ntrain: {train}\ndev: {dev}\nbatch-size: 8\nlr: 1.0e-3\n"
+                      "max_steps: 24\neval_every: 4\nsave_every: 2\nseed: 5\nepochs: 100\n", encoding="utf-8")
+    whole = tmp_path / "whole"
+    result = run("finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(whole), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    saved = json.loads((whole / "run_config.json").read_text())
+    assert saved["seed"] == 3 and saved["batch_size"] == 8 and saved["eval_every"] == 4  # the flag beat the file
+    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval_accuracy" in r] == [4, 8, 12, 16, 20, 24]
+    best = max((r for r in rows if "eval_accuracy" in r), key=lambda r: r["eval_accuracy"])  # first of ties
+    assert summary["selected_step"] == best["step"] and summary["accuracy"] == best["eval_accuracy"]
+    assert not (whole / "checkpoints").exists() and not (whole / "best").exists()
+
+    killed = tmp_path / "killed"
+    args = [sys.executable, "-m", "bertforge", "finetune", "classify", "--config", str(config), "--seed", "3",
+            "--out", str(killed)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    deadline = time.time() + 300
+    while not list((killed / "checkpoints").glob("step-0000001*")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    time.sleep(random.Random(2).uniform(0.0, 0.3))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed; make it longer"
+    resumed = run("finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(killed), "--resume",
+                  "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["selected_step"] == summary["selected_step"]
+    a, b = load_file(whole / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # Config files are checked key by key.
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"batch_size": "eight"}', encoding="utf-8")
+    refused = run("finetune", "classify", "--config", str(bad))
+    assert refused.returncode == 2 and "bad.json: batch_size must be an integer" in refused.stderr
+    bad.write_text('{"batchsize": 8}', encoding="utf-8")
+    refused = run("finetune", "classify", "--config", str(bad))
+    assert refused.returncode == 2 and "bad.json: unknown key 'batchsize'" in refused.stderr
 
 
 def test_finetune_unseen_dev_label_and_output_protection(tmp_path, tiny_checkpoint):

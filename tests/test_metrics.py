@@ -92,7 +92,7 @@ def test_conll_reader_on_real_file_and_bad_rows(tmp_path):
 
 
 def run_score(*args):
-    return subprocess.run([sys.executable, "-m", "bertforge", "score", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "bertforge", "score", *args, "--json"], capture_output=True, text=True)
 
 
 def test_score_cli(tmp_path):

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from bertforge import BertConfig, BertForPreTraining, Tokenizer
-from bertforge.pretrain import PretrainConfig, PretrainingTask, run_pretrain
+from bertforge.pretrain import PretrainConfig, run_pretrain
+from bertforge.tasks.pretraining import PretrainingTask
 
 from corpus_utils import write_corpus
 
@@ -125,9 +126,9 @@ def test_output_directory_is_protected(tmp_path, corpus, tokenizer_dir):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--seq-len", "600"], "--seq-len 600 exceeds"),
-    (["--objective", "nsp"], "--objective must be"),
-    (["--lr", "0"], "--lr must be positive"),
+    (["--seq-len", "600"], "seq_len (--seq-len) 600 exceeds"),
+    (["--objective", "nsp"], "objective (--objective) must be"),
+    (["--lr", "0"], "lr (--lr) must be positive"),
 ])
 def test_bad_flags(tmp_path, corpus, tokenizer_dir, extra, message):
     result = cli(*base_args(corpus, tokenizer_dir, tmp_path / "run", "--max-steps", "2", *extra))
@@ -171,7 +172,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, corpus, tok
 def test_mlm_objective_and_prepared_input(tmp_path, corpus, tokenizer_dir):
     prepared = tmp_path / "prepared"
     p = subprocess.run([sys.executable, "-m", "bertforge", "prepare", str(corpus), "--tokenizer", str(tokenizer_dir),
-                        "--out", str(prepared), "--workers", "2"], capture_output=True, text=True)
+                        "--out", str(prepared), "--workers", "2", "--json"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["documents"] == 160
     out = tmp_path / "run"
@@ -216,6 +217,10 @@ def test_embedded_default_runs_offline(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "fill-mask with the model just trained" in result.stdout
     assert result.stdout.count("    -> ") == 4
+    assert f"pretraining done: the model is in {out}/" in result.stdout and "  stopped_by  max_steps" in result.stdout
+    # The settings the run used, as --config reads them back: the embedded corpus's documented defaults.
+    used = json.loads((out / "run_config.json").read_text())
+    assert (used["vocab_size"], used["lr"], used["save_every"], used["time_budget"]) == (8000, 1e-3, 200, None)
     summary = json.loads((out / "pretrain_results.json").read_text())
     assert summary["steps"] == 3 and summary["config"]["model"] is None and summary["eval"]["nsp_acc"] >= 0
     config = json.loads((out / "config.json").read_text())

@@ -270,7 +270,7 @@ def test_masking_is_keyed_and_fresh(tokenizer):
 
 def test_whole_word_masking_takes_whole_words(tokenizer):
     examples = sequences(tokenizer, n=300, seed=2)
-    collator = MaskingCollator(tokenizer, 64, MaskingConfig(whole_word=True))
+    collator = MaskingCollator(tokenizer, 64, MaskingConfig(wwm=True))
     batch = collator(examples, np.random.default_rng(3))
     split_words = 0
     for row, ex in enumerate(examples):

@@ -90,7 +90,7 @@ def test_finetune_qa_end_to_end(tmp_path, minilm_dir):
     assert {"exact_match", "f1"} <= set(results) and 0 <= results["f1"] <= 100
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
     evaluated = run("evaluate", "qa", "--model", str(out), "--data", str(tmp_path / "dev.json"), "--seq-len", "192",
-                    "--predictions", str(tmp_path / "pred.json"))
+                    "--predictions", str(tmp_path / "pred.json"), "--json")
     assert evaluated.returncode == 0, evaluated.stderr
-    scored = run("score", "squad", str(tmp_path / "dev.json"), str(tmp_path / "pred.json"))
+    scored = run("score", "squad", str(tmp_path / "dev.json"), str(tmp_path / "pred.json"), "--json")
     assert json.loads(scored.stdout)["f1"] == pytest.approx(json.loads(evaluated.stdout)["f1"])

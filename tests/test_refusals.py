@@ -74,9 +74,9 @@ def test_predict_and_evaluate_refuse_from_the_cli(tmp_path, checkpoints):
 def evaluate_then_score(task: str, model: Path, data: Path, predictions: Path, scorer: str, metric: str) -> None:
     """`evaluate --predictions`, then `score` on the file it wrote: the same metric, to the last digit."""
     evaluated = bertforge_cli("evaluate", task, "--model", str(model), "--data", str(data), "--predictions",
-                              str(predictions))
+                              str(predictions), "--json")
     assert evaluated.returncode == 0, evaluated.stderr
-    scored = bertforge_cli("score", scorer, str(data), str(predictions))
+    scored = bertforge_cli("score", scorer, str(data), str(predictions), "--json")
     assert scored.returncode == 0, scored.stderr
     assert json.loads(scored.stdout)[metric] == pytest.approx(json.loads(evaluated.stdout)[metric])
 

@@ -4,6 +4,7 @@ A checkpoint is a directory `OUT/checkpoints/step-00001234/` holding
 - `config.json` + `model.safetensors`: the model, in the Hugging Face layout;
 - `training_state.pt`: optimizer state and torch RNG state (tensors only, read back with
   `torch.load(weights_only=True)`);
+- `best.safetensors`: the best evaluation's weights so far, when a metric selects the model;
 - `trainer_state.json`: step, epoch, data position, schedule, python and numpy RNG states,
   and the run configuration it was made with.
 
@@ -24,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from .errors import CheckpointError
 
@@ -57,8 +60,12 @@ def set_rng_state(saved: dict[str, Any]) -> None:
 
 
 def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer_state: dict[str, Any], keep_last: int = 2) -> Path:
-    """Write checkpoint `step` atomically and prune older ones. Returns its directory."""
+                    trainer_state: dict[str, Any], keep_last: int = 2,
+                    best_weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write checkpoint `step` atomically and prune older ones. Returns its directory.
+
+    `best_weights` (a state dict) is the model selected so far, saved as `best.safetensors`.
+    """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
@@ -70,6 +77,8 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: to
     if torch.cuda.is_available():
         tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
     torch.save(tensors, tmp / "training_state.pt")
+    if best_weights is not None:
+        save_file({k: v.contiguous() for k, v in best_weights.items()}, tmp / "best.safetensors")
     state = dict(trainer_state, step=step, rng=rng_state())
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
     if final.exists():  # the same step saved again (e.g. the final save right after a periodic one)
@@ -98,3 +107,14 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         torch.cuda.set_rng_state_all(tensors["cuda_rng"])
     set_rng_state(state["rng"])
     return state
+
+
+def load_best_weights(path: Path) -> dict[str, torch.Tensor] | None:
+    """The selected model's state dict saved with checkpoint `path`, if any."""
+    best = path / "best.safetensors"
+    if not best.is_file():
+        return None
+    try:
+        return load_file(best)
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"{best}: cannot read ({exc})") from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from .errors import BertforgeError, InputError
 from .heads import TASK_ARCHITECTURES
 from .hf import load_for_task
 from .runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
+from .runs import claim_output, report, save_run_config
 from .tasks import TASKS as TASK_BUILDERS
 from .tokenizer import Tokenizer
 from .train import Trainer
@@ -42,32 +43,22 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
 
 
 def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
-    if out.exists() and any(out.iterdir()) and not cfg.overwrite:
-        raise BertforgeError(f"{out}: directory exists and is not empty; pass --overwrite or choose another --out")
-    if cfg.overwrite:
-        for name in ("checkpoints", "best", "metrics.jsonl", "curves.png"):
-            target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
+    if cfg.resume and (out / "eval_results.json").is_file() and not (out / "checkpoints").is_dir():
+        return json.loads((out / "eval_results.json").read_text(encoding="utf-8"))  # this seed had finished
     torch.manual_seed(cfg.seed)
     tokenizer = _load_tokenizer(cfg)
     model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
-    train_cfg = TrainConfig(**{f.name: getattr(cfg, f.name) for f in fields(TrainConfig)})
-    train_cfg.out, train_cfg.eval_each_epoch = str(out), True
-    train_cfg.select_metric, train_cfg.greater_is_better = task.main_metric, task.greater_is_better
+    save_run_config(out, cfg)
+    # Evaluate every epoch unless --eval-every says otherwise; keep the best model by the task's metric.
+    train_cfg = TrainConfig.of(cfg, out=str(out), eval_each_epoch=not cfg.eval_every,
+                               select_metric=task.main_metric, greater_is_better=task.greater_is_better)
     run_info = {"task": cfg.task, "model": cfg.model, "train": cfg.train, "seq_len": cfg.seq_len, "lr": cfg.lr,
                 "batch_size": cfg.batch_size, "seed": cfg.seed}
-    summary = Trainer(model, task, train_cfg, run_info).fit()
-    best = out / "best"
-    if best.is_dir():  # export the selected model, not the last one
-        from .hf import from_hf_state_dict, read_weights
-
-        from_hf_state_dict(model, read_weights(best / "model.safetensors"), source=str(best))
-        shutil.rmtree(best)
+    trainer = Trainer(model, task, train_cfg, run_info)
+    summary = trainer.fit(resume=cfg.resume and (out / "checkpoints").is_dir())
+    trainer.restore_best()  # export the selected model, not the last one
     model.save_pretrained(out, tokenizer=tokenizer)
-    # The loop's last checkpoint (model + optimizer state) served the run; the export above is the result.
+    # The loop's checkpoints (model + optimizer state) served the run; the export above is the result.
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     from .viz import plot_curves
 
@@ -78,25 +69,28 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
     return results
 
 
-def run_finetune(cfg: FinetuneConfig) -> dict[str, Any]:
-    """One run, or one per seed with mean and std; results also in OUT/eval_results.json."""
-    out = Path(cfg.out)
+def run_finetune(cfg: FinetuneConfig, as_json: bool = True) -> dict[str, Any]:
+    """One run, or one per seed with mean and std; results also in OUT/eval_results.json.
+
+    The result is printed at the end: one JSON object with `as_json`, else a readable block.
+    """
+    out = claim_output(cfg, extra=("seed-*",))
     if not cfg.seeds:
         result = _run_one(cfg, out)
-        print(json.dumps(result), flush=True)
+        report(result, as_json, title=f"fine-tuning done: the model is in {out}/")
         return result
     seeds = [int(s) for s in cfg.seeds.split(",") if s.strip()]
     runs = []
     for seed in seeds:
         one = FinetuneConfig(**{**asdict(cfg), "seed": seed, "seeds": None})
         runs.append(_run_one(one, out / f"seed-{seed}"))
-        print(json.dumps({"seed": seed, **runs[-1]}), flush=True)
+        report({"seed": seed, **runs[-1]}, as_json, title=f"seed {seed}: the model is in {out / f'seed-{seed}'}/")
     keys = [k for k, v in runs[0].items() if isinstance(v, float)]
     summary = {"task": cfg.task, "seeds": seeds,
                **{k: {"mean": statistics.mean(r[k] for r in runs),
                       "std": statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0} for k in keys}}
     (out / "eval_results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(summary), flush=True)
+    report(summary, as_json, title=f"fine-tuning done over {len(seeds)} seeds (mean and std)")
     return summary
 
 

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+from .constants import IGNORE_INDEX
 from .model import BertModel, BertPreTrainedModel, activation
 
-IGNORE_INDEX = -100  # label value meaning "no prediction here", as in transformers and PyTorch
 
 
 @dataclass
@@ -179,7 +179,35 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
+class LinearHead(BertPreTrainedModel):
+    """The backbone plus one (dropout +) linear layer on either the pooled [CLS] vector or every
+    token's hidden state: what sequence classification, token classification and QA share.
+
+    The layer keeps transformers' name (`classifier`, `qa_outputs`), so checkpoints load as they are.
+    """
+
+    def __init__(self, config: BertConfig, out_features: int, pooled: bool, layer: str = "classifier",
+                 dropout: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.pooled, self.layer = pooled, layer
+        self.bert = BertModel(config, add_pooling_layer=pooled)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p) if dropout else nn.Identity()
+        setattr(self, layer, nn.Linear(config.hidden_size, out_features))
+        self.init_weights()
+
+    def scores(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+               attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+               output_attentions: bool, output_hidden_states: bool):
+        """(logits, encoder output): logits float [B, out] when pooled, else [B, T, out]."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
+                        output_hidden_states=output_hidden_states)
+        features = out.pooler_output if self.pooled else out.last_hidden_state
+        return getattr(self, self.layer)(self.dropout(features)), out
+
+
+class BertForSequenceClassification(LinearHead):
     """A linear classifier on the pooled [CLS] vector; regression when num_labels == 1.
 
     The loss follows `config.problem_type` as transformers does: mean-squared error for
@@ -190,13 +218,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
     hf_architecture = "BertForSequenceClassification"
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config)
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
+        super().__init__(config, config.num_labels, pooled=True)
 
     def problem_type(self, labels: torch.Tensor | None = None) -> str:
         if self.config.problem_type:
@@ -212,9 +234,8 @@ class BertForSequenceClassification(BertPreTrainedModel):
                 output_attentions: bool = False, output_hidden_states: bool = False,
                 position_ids: torch.Tensor | None = None) -> HeadOutput:
         """Logits float [B, num_labels]; labels long [B], or float [B] (regression) / [B, num_labels] (multi-label)."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
-        logits = self.classifier(self.dropout(out.pooler_output))
+        logits, out = self.scores(input_ids, token_type_ids, attention_mask, position_ids, output_attentions,
+                                  output_hidden_states)
         loss = None
         if labels is not None:
             kind = self.problem_type(labels)
@@ -227,28 +248,21 @@ class BertForSequenceClassification(BertPreTrainedModel):
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 
-class BertForTokenClassification(BertPreTrainedModel):
+class BertForTokenClassification(LinearHead):
     """A linear tagger on every token's hidden state (NER, POS). Logits float [B, T, num_labels]."""
 
     hf_architecture = "BertForTokenClassification"
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooling_layer=False)
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.init_weights()
+        super().__init__(config, config.num_labels, pooled=False)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False,
                 position_ids: torch.Tensor | None = None) -> HeadOutput:
         """labels: long [B, T], -100 on sub-tokens after the first, special tokens and padding."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
-        logits = self.classifier(self.dropout(out.last_hidden_state))
+        logits, out = self.scores(input_ids, token_type_ids, attention_mask, position_ids, output_attentions,
+                                  output_hidden_states)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().view(-1, self.config.num_labels), labels.view(-1),
@@ -256,17 +270,13 @@ class BertForTokenClassification(BertPreTrainedModel):
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 
-class BertForQuestionAnswering(BertPreTrainedModel):
-    """Extractive QA: a start and an end score for every token."""
+class BertForQuestionAnswering(LinearHead):
+    """Extractive QA: a start and an end score for every token (no dropout, as in transformers)."""
 
     hf_architecture = "BertForQuestionAnswering"
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.init_weights()
+        super().__init__(config, 2, pooled=False, layer="qa_outputs", dropout=False)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
@@ -274,9 +284,8 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 output_hidden_states: bool = False,
                 position_ids: torch.Tensor | None = None) -> QuestionAnsweringOutput:
         """start_positions, end_positions: long [B] token indices (0 = [CLS] for "no answer")."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
-        logits = self.qa_outputs(out.last_hidden_state)  # (B, T, 2)
+        logits, out = self.scores(input_ids, token_type_ids, attention_mask, position_ids, output_attentions,
+                                  output_hidden_states)  # (B, T, 2)
         start_logits, end_logits = logits[..., 0], logits[..., 1]
         loss = None
         if start_positions is not None and end_positions is not None:

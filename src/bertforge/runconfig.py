@@ -1,6 +1,17 @@
-"""The settings of a run, as dataclasses: the training loop's, and on top of them `pretrain`'s and
-`finetune`'s. Each field's comment is its help text, and the CLI builds its flags from these
-classes, so a default shown in `--help` is the one a run uses. This module imports no torch, so
+"""The settings of a run, as small dataclasses composed into `pretrain`'s and `finetune`'s configs.
+
+- `LoopSettings`: optimisation, stopping rule, precision and seed (what the training loop does);
+- `EvalSettings`: when to evaluate and which model to keep;
+- `OutputSettings`: where a run writes, how often it saves, resume and overwrite;
+- `TrainConfig` = those three: all the one training loop (`train.Trainer`) reads;
+- `CorpusSettings` and `MaskingSettings`: pretraining's data;
+- `PretrainConfig` and `FinetuneConfig`: a `TrainConfig` plus the data and model settings.
+
+Each field carries its help text (`setting(default, help)`, the convention of transformers'
+`HfArgumentParser`); the CLI builds its flags from these classes and a config file (JSON or
+YAML) is read onto the same fields, so a default shown in `--help` is the one a run uses.
+A few defaults depend on other settings ("128, or 384 for qa"); they are `None` here, their
+help says the rule, and `__post_init__` applies it. This module imports no torch, so
 `bertforge --help` starts at once.
 """
 
@@ -8,134 +19,250 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+import sys
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import BertforgeError
+from .errors import ConfigError
 
 
-@dataclass
-class TrainConfig:
-    """Settings of the training loop, shared by `pretrain` and `finetune`."""
+def setting(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, cli: bool = True) -> Any:
+    """A dataclass field with its help text; `cli=False` keeps it off the command line (set by code)."""
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata={"help": help, "cli": cli})
+    return field(default=default, metadata={"help": help, "cli": cli})
 
-    out: str = "run"  # output directory
-    batch_size: int = 32  # examples per micro-batch, per process
-    grad_accum: int = 1  # micro-batches per optimizer step, per process
-    lr: float = 1e-4  # peak learning rate
-    warmup: float = 0.01  # warmup: a fraction of the total steps if < 1, else a number of steps
-    weight_decay: float = 0.01  # decoupled weight decay (not on biases and LayerNorm)
-    optimizer: str = "adamw"  # adamw | lamb
-    max_grad_norm: float = 1.0  # clip the global gradient norm (0 = off)
-    max_steps: int | None = None  # stop after this many optimizer steps
-    epochs: float | None = None  # stop after this many passes over the data
-    time_budget: float | None = None  # stop after this many seconds of training
-    log_every: int = 10  # steps between metrics.jsonl rows
-    eval_every: int | None = None  # steps between evaluations (None: at the end only)
-    save_every: int | None = 500  # steps between checkpoints (None: at the end only)
-    keep_last: int = 2  # checkpoints kept
-    eval_each_epoch: bool = False  # evaluate at the end of every epoch (fine-tuning)
-    select_metric: str | None = None  # keep the model with the best value of this eval metric (in OUT/best)
-    greater_is_better: bool = True  # whether a higher select_metric is better
-    patience: int | None = None  # stop after this many evaluations without improvement
-    precision: str = "fp32"  # fp32 | bf16 (autocast; bf16 is the CUDA choice)
-    compile: bool = False  # torch.compile the model
-    pack: bool = False  # pack several examples per row (block-diagonal attention); same loss, fewer rows
-    seed: int = 0
-    progress: bool = True  # show a progress bar
 
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "log_every", "keep_last"):
-            if getattr(self, name) < 1:
-                raise BertforgeError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.lr <= 0:
-            raise BertforgeError("--lr must be positive")
-        if self.warmup < 0:
-            raise BertforgeError("--warmup must be >= 0")
-        if self.optimizer not in ("adamw", "lamb"):
-            raise BertforgeError(f"--optimizer must be adamw or lamb, not {self.optimizer!r}")
-        if self.precision not in ("fp32", "bf16"):
-            raise BertforgeError(f"--precision must be fp32 or bf16, not {self.precision!r}")
-        if self.pack and self.compile:
-            raise BertforgeError("--pack and --compile cannot be combined: packed rows are found from the data, "
-                                 "which a compiled graph cannot look at")
-        if self.max_steps is None and self.epochs is None and self.time_budget is None:
-            raise BertforgeError("give a stopping rule: --max-steps, --epochs or --time-budget")
-        for name in ("max_steps", "epochs", "time_budget", "eval_every", "save_every"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise BertforgeError(f"--{name.replace('_', '-')} must be positive")
+def flag(name: str) -> str:
+    """'batch_size' -> 'batch_size (--batch-size)': errors name the setting and its flag."""
+    return f"{name} (--{name.replace('_', '-')})"
+
+
+def _chain(obj: Any, cls: type) -> None:
+    """Run the next `__post_init__` in the MRO, so each mixin checks its own fields."""
+    nxt = getattr(super(cls, obj), "__post_init__", None)
+    if nxt is not None:
+        nxt()
 
 
 def parse_duration(text: str) -> float:
     """'90', '90s', '30m', '1.5h' -> seconds."""
-    text = text.strip().lower()
+    text = str(text).strip().lower()
     units = {"s": 1, "m": 60, "h": 3600}
     try:
         seconds = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
     except ValueError:
         seconds = float("nan")
     if not math.isfinite(seconds) or seconds <= 0:
-        raise BertforgeError(f"cannot read duration {text!r}; use a positive time such as 90s, 30m or 2h")
+        raise ConfigError(f"cannot read duration {text!r}; use a positive time such as 90s, 30m or 2h")
     return seconds
 
 
 @dataclass
-class PretrainConfig(TrainConfig):
-    """Everything `bertforge pretrain` takes: the data and model settings plus the training loop's."""
+class LoopSettings:
+    """What the training loop does each step, and when it stops."""
 
-    out: str = "bertforge-pretrain"  # output directory
-    corpus: list[str] = field(default_factory=list)  # files, dirs, globs, hf:NAME, or a prepared dir; empty = embedded
-    model: str | None = None  # a preset (tiny ... large, L<n>-H<n>) or a checkpoint dir; default tiny/base
-    objective: str = "mlm+nsp"  # mlm+nsp (BERT) | mlm (RoBERTa FULL-SENTENCES)
-    seq_len: int = 128  # tokens per example, [CLS] and [SEP]s included
-    vocab_size: int = 30522  # for a newly trained WordPiece vocabulary
-    tokenizer: str | None = None  # a directory with vocab.txt / tokenizer.json to use instead of training one
-    short_seq_prob: float = 0.1  # probability of a shorter target length for a document's pairs
-    masked_lm_prob: float = 0.15
-    mask_prob: float = 0.8
-    random_prob: float = 0.1
-    max_predictions: int | None = None  # cap on predictions per sequence (default ceil(seq_len * 0.15))
-    wwm: bool = False  # whole-word masking
-    doc_per_file: bool = False  # a whole file is one document (default: blank lines separate documents)
-    text_field: str = "text"
-    encoding_errors: str = "strict"  # strict | replace
-    workers: int | None = None  # tokenising processes (default: all cores)
-    eval_fraction: float = 0.01  # documents held out for evaluation (at least 2, at most 1000)
-    eval_batches: int = 20  # evaluation batches
-    resume: bool = False
-    overwrite: bool = False
-    demo: bool | None = None  # end with fill-mask on a few sentences (default: for the embedded corpus)
+    batch_size: int = setting(32, "examples per micro-batch, per process")
+    grad_accum: int = setting(1, "micro-batches per optimizer step, per process")
+    lr: float = setting(1e-4, "peak learning rate")
+    warmup: float = setting(0.01, "warmup: a fraction of the total steps if < 1, else a number of steps")
+    weight_decay: float = setting(0.01, "decoupled weight decay (not on biases and LayerNorm)")
+    optimizer: str = setting("adamw", "adamw or lamb")
+    max_grad_norm: float = setting(1.0, "clip the global gradient norm (0 = off)")
+    max_steps: int | None = setting(None, "stop after this many optimizer steps")
+    epochs: float | None = setting(None, "stop after this many passes over the data")
+    time_budget: float | None = setting(None, "stop after this long, in seconds or as 30m, 2h")
+    precision: str = setting("fp32", "fp32 or bf16 (autocast; bf16 is the CUDA choice)")
+    compile: bool = setting(False, "torch.compile the model")
+    pack: bool = setting(False, "pack several examples per row (block-diagonal attention): same loss, fewer rows")
+    seed: int = setting(0, "seed of every random choice: data order, masking, dropout, new weights")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.time_budget, str):  # a config file may say "30m"
+            self.time_budget = parse_duration(self.time_budget)
+        for name in ("batch_size", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag(name)} must be at least 1")
+        for name in ("lr", "warmup", "weight_decay", "max_grad_norm"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{flag(name)} must be a finite number")
+        if self.lr <= 0:
+            raise ConfigError(f"{flag('lr')} must be positive")
+        if self.warmup < 0:
+            raise ConfigError(f"{flag('warmup')} must be >= 0")
+        if self.optimizer not in ("adamw", "lamb"):
+            raise ConfigError(f"{flag('optimizer')} must be adamw or lamb, not {self.optimizer!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"{flag('precision')} must be fp32 or bf16, not {self.precision!r}")
+        if self.pack and self.compile:
+            raise ConfigError("pack (--pack) and compile (--compile) cannot be combined: packed rows are found "
+                              "from the data, which a compiled graph cannot look at")
+        for name in ("max_steps", "epochs", "time_budget"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{flag(name)} must be positive")
+        _chain(self, LoopSettings)
+
+
+@dataclass
+class EvalSettings:
+    """When the loop evaluates, and which model it keeps."""
+
+    eval_every: int | None = setting(None, "steps between evaluations (default: at the end only; "
+                                           "finetune: every epoch)")
+    patience: int | None = setting(None, "stop after this many evaluations without improvement")
+    eval_each_epoch: bool = setting(False, "evaluate at the end of every epoch", cli=False)
+    select_metric: str | None = setting(None, "keep the model with the best value of this metric", cli=False)
+    greater_is_better: bool = setting(True, "whether a higher select_metric is better", cli=False)
+
+    def __post_init__(self) -> None:
+        for name in ("eval_every", "patience"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag(name)} must be at least 1")
+        _chain(self, EvalSettings)
+
+
+@dataclass
+class OutputSettings:
+    """Where a run writes, how often it saves and logs, and what it may replace."""
+
+    out: str = setting("run", "output directory")
+    overwrite: bool = setting(False, "reuse a non-empty --out, replacing what an earlier run wrote there")
+    resume: bool = setting(False, "continue the run in --out from its last checkpoint")
+    save_every: int | None = setting(500, "steps between checkpoints (none: at the end only)")
+    keep_last: int = setting(2, "checkpoints kept")
+    log_every: int = setting(10, "steps between metrics.jsonl rows")
+    progress: bool | None = setting(None, "show a progress bar (default: when stderr is a terminal)")
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise ConfigError("resume (--resume) and overwrite (--overwrite) contradict each other; pick one")
+        for name in ("keep_last", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag(name)} must be at least 1")
+        if self.save_every is not None and self.save_every < 1:
+            raise ConfigError(f"{flag('save_every')} must be at least 1")
+        if self.progress is None:
+            self.progress = sys.stderr.isatty()
+        _chain(self, OutputSettings)
+
+
+@dataclass
+class TrainConfig(LoopSettings, EvalSettings, OutputSettings):
+    """Everything the one training loop reads; `pretrain` and `finetune` add their data and model."""
+
+    @classmethod
+    def of(cls, run: "TrainConfig", **changes: Any) -> "TrainConfig":
+        """The loop's settings out of a run's config (a `PretrainConfig`, a `FinetuneConfig`)."""
+        return cls(**{**{f.name: getattr(run, f.name) for f in fields(cls)}, **changes})
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.objective not in ("mlm+nsp", "mlm"):
-            raise BertforgeError(f"--objective must be mlm+nsp or mlm, not {self.objective!r}")
-        if self.seq_len < 8:
-            raise BertforgeError("--seq-len must be at least 8")
+        if self.max_steps is None and self.epochs is None and self.time_budget is None:
+            raise ConfigError("give a stopping rule: max_steps (--max-steps), epochs (--epochs) or "
+                              "time_budget (--time-budget)")
+
+
+@dataclass
+class CorpusSettings:
+    """How raw text is read into documents."""
+
+    corpus: list[str] = setting(help="files, dirs, globs, hf:NAME, or a `bertforge prepare` dir; "
+                                     "none = the embedded corpus", factory=list)
+    doc_per_file: bool = setting(False, "a whole file is one document (default: blank lines separate documents)")
+    text_field: str = setting("text", "JSONL / datasets field that holds the text")
+    encoding_errors: str = setting("strict", "on invalid UTF-8: strict (stop) or replace (U+FFFD)")
+    workers: int | None = setting(None, "tokenising processes (default: all cores)")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.corpus, str):
+            self.corpus = [self.corpus]
         if self.encoding_errors not in ("strict", "replace"):
-            raise BertforgeError("--encoding-errors must be strict or replace")
-        if self.resume and self.overwrite:
-            raise BertforgeError("--resume and --overwrite contradict each other; pick one")
-        from .data.pretraining import MaskingConfig  # imported here: --help must not pay for torch
+            raise ConfigError(f"{flag('encoding_errors')} must be strict or replace, not {self.encoding_errors!r}")
+        _chain(self, CorpusSettings)
 
-        try:
-            MaskingConfig(self.masked_lm_prob, self.mask_prob, self.random_prob, self.max_predictions, self.wwm)
-        except ValueError as exc:
-            raise BertforgeError(str(exc)) from None
 
-    @classmethod
-    def from_json(cls, path: str | Path, **overrides: Any) -> "PretrainConfig":
-        """A JSON config file read into the same dataclass (flags given on the command line win)."""
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise BertforgeError(f"{path}: cannot read config ({exc})") from None
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise BertforgeError(f"{path}: unknown key '{unknown[0]}'")
-        return cls(**{**data, **overrides})
+@dataclass
+class MaskingSettings:
+    """google-research/bert's masked-LM recipe."""
+
+    masked_lm_prob: float = setting(0.15, "fraction of tokens chosen for prediction")
+    mask_prob: float = setting(0.8, "of those, the fraction replaced by [MASK]")
+    random_prob: float = setting(0.1, "of those, the fraction replaced by a random token (the rest stay)")
+    max_predictions: int | None = setting(None, "cap on predictions per sequence (default: ceil(seq_len x "
+                                                "masked_lm_prob))")
+    wwm: bool = setting(False, "whole-word masking")
+
+    def __post_init__(self) -> None:
+        if not 0 < self.masked_lm_prob < 1:
+            raise ConfigError(f"{flag('masked_lm_prob')} must lie in (0, 1)")
+        for name in ("mask_prob", "random_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"{flag(name)} must lie in [0, 1]")
+        if self.mask_prob + self.random_prob > 1 + 1e-9:
+            raise ConfigError("mask_prob + random_prob (--mask-prob, --random-prob) must not exceed 1")
+        if self.max_predictions is not None and self.max_predictions < 1:
+            raise ConfigError(f"{flag('max_predictions')} must be at least 1")
+        _chain(self, MaskingSettings)
+
+
+EMBEDDED_DEFAULTS = {"vocab_size": 8000, "lr": 1e-3, "eval_every": 100, "save_every": 200}
+"""What `bertforge pretrain` with no corpus uses where the user set nothing: a tiny model trains
+fast at a higher learning rate, and a small corpus needs a small vocabulary."""
+
+
+@dataclass
+class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
+    """Everything `bertforge pretrain` takes."""
+
+    model: str | None = setting(None, "a preset (tiny ... large, L<n>-H<n>) or a checkpoint dir "
+                                      "(default: tiny for the embedded corpus, else base)")
+    objective: str = setting("mlm+nsp", "mlm+nsp (BERT) or mlm (RoBERTa's FULL-SENTENCES)")
+    seq_len: int = setting(128, "tokens per example, [CLS] and [SEP] included")
+    tokenizer: str | None = setting(None, "a directory with vocab.txt / tokenizer.json (default: train one)")
+    vocab_size: int | None = setting(None, "size of a newly trained vocabulary (default 30522; 8000 for the "
+                                           "embedded corpus)")
+    short_seq_prob: float = setting(0.1, "probability of a shorter target length for a document's pairs")
+    eval_fraction: float = setting(0.01, "documents held out for evaluation (at least 2, at most 1000)")
+    eval_batches: int = setting(20, "held-out batches per evaluation")
+    demo: bool | None = setting(None, "end with fill-mask on a few sentences (default: for the embedded corpus)")
+    out: str = setting("bertforge-pretrain", "output directory")
+    lr: float | None = setting(None, "peak learning rate (default 1e-4; 1e-3 for the embedded corpus)")
+    eval_every: int | None = setting(None, "steps between evaluations (default: at the end only; 100 for the "
+                                           "embedded corpus)")
+    save_every: int | None = setting(None, "steps between checkpoints (default 500; 200 for the embedded corpus)")
+    time_budget: float | None = setting(None, "stop after this long, in seconds or as 30m, 2h (default for the "
+                                              "embedded corpus with no other stopping rule: 3m)")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.corpus, str):
+            self.corpus = [self.corpus]
+        embedded = not self.corpus
+        for name, value in EMBEDDED_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value if embedded else {"vocab_size": 30522, "lr": 1e-4, "save_every": 500,
+                                                            "eval_every": None}[name])
+        if embedded and self.max_steps is None and self.epochs is None and self.time_budget is None:
+            self.time_budget = 180.0
+        if self.demo is None:
+            self.demo = embedded
+        super().__post_init__()
+        if self.objective not in ("mlm+nsp", "mlm"):
+            raise ConfigError(f"{flag('objective')} must be mlm+nsp or mlm, not {self.objective!r}")
+        if self.seq_len < 8:
+            raise ConfigError(f"{flag('seq_len')} must be at least 8")
+        if self.vocab_size < 10:
+            raise ConfigError(f"{flag('vocab_size')} must be at least 10")
+        if not 0 <= self.short_seq_prob <= 1:
+            raise ConfigError(f"{flag('short_seq_prob')} must lie in [0, 1]")
+        if not 0 < self.eval_fraction < 1:
+            raise ConfigError(f"{flag('eval_fraction')} must lie in (0, 1)")
+        if self.eval_batches < 1:
+            raise ConfigError(f"{flag('eval_batches')} must be at least 1")
 
 
 TASKS = ("classify", "regress", "ner", "qa")
@@ -145,35 +272,126 @@ TASKS = ("classify", "regress", "ner", "qa")
 class FinetuneConfig(TrainConfig):
     """Everything `bertforge finetune` takes."""
 
-    task: str = "classify"  # classify | regress | ner
-    model: str = ""  # a checkpoint directory, or a preset (then --tokenizer is needed)
-    train: str = ""  # training file (.tsv, .csv, .jsonl; CoNLL or .jsonl for ner)
-    dev: str = ""  # development file, evaluated every epoch
-    out: str = "bertforge-finetune"  # output directory
-    tokenizer: str | None = None  # tokenizer directory when --model is a preset
-    seq_len: int = 128  # maximum tokens per example
-    text_column: str | None = None  # TSV/CSV/JSONL column of the text (name or 0-based index)
-    pair_column: str | None = None  # column of the second text, for sentence pairs
-    label_column: str | None = None  # column of the label
-    truncation: str = "head"  # long single texts: head | tail | head+tail
-    seeds: str | None = None  # e.g. 1,2,3: one run per seed, reported as mean and std
-    doc_stride: int = 128  # qa: tokens of overlap between windows of a long context
-    n_best: int = 20  # qa: start and end candidates per window
-    max_answer_len: int = 30  # qa: longest answer, in tokens
-    null_threshold: float | None = None  # qa v2: answer "" when null score - best span score exceeds this
-    tune_null_threshold: bool = False  # qa v2: pick the threshold that maximises dev F1
-    overwrite: bool = False
-    epochs: float | None = 3.0
-    lr: float = 2e-5
-    warmup: float = 0.1
-    save_every: int | None = None
+    task: str = setting("classify", "classify, regress, ner or qa", cli=False)  # the CLI's positional argument
+    model: str = setting("", "a checkpoint directory, or a preset (then --tokenizer is needed)")
+    train: str = setting("", "training file (.tsv, .csv, .jsonl; CoNLL or .jsonl for ner; SQuAD .json for qa)")
+    dev: str = setting("", "development file, evaluated every epoch (or every --eval-every steps)")
+    tokenizer: str | None = setting(None, "tokenizer directory when --model is a preset")
+    seq_len: int | None = setting(None, "maximum tokens per example (default 128; 384 for qa)")
+    text_column: str | None = setting(None, "TSV/CSV/JSONL column of the text (name or 0-based index)")
+    pair_column: str | None = setting(None, "column of the second text, for sentence pairs")
+    label_column: str | None = setting(None, "column of the label")
+    truncation: str = setting("head", "long single texts keep their head, tail or head+tail")
+    seeds: str | None = setting(None, "e.g. 1,2,3: one run per seed, reported as mean and std")
+    doc_stride: int = setting(128, "qa: tokens of overlap between windows of a long context")
+    n_best: int = setting(20, "qa: start and end candidates per window")
+    max_answer_len: int = setting(30, "qa: longest answer, in tokens")
+    null_threshold: float | None = setting(None, "qa v2: answer '' when null score - best span score exceeds this")
+    tune_null_threshold: bool = setting(False, "qa v2: pick the threshold that maximises dev F1")
+    out: str = setting("bertforge-finetune", "output directory")
+    epochs: float | None = setting(3.0, "stop after this many passes over the data")
+    lr: float = setting(2e-5, "peak learning rate")
+    warmup: float = setting(0.1, "warmup: a fraction of the total steps if < 1, else a number of steps")
+    save_every: int | None = setting(None, "steps between checkpoints (none: at the end only)")
 
     def __post_init__(self) -> None:
+        if self.seq_len is None:
+            self.seq_len = 384 if self.task == "qa" else 128  # SQuAD's usual window
         super().__post_init__()
         if self.task not in TASKS:
-            raise BertforgeError(f"unknown task {self.task!r}; use one of {', '.join(TASKS)}")
+            raise ConfigError(f"unknown task {self.task!r}; use one of {', '.join(TASKS)}")
         for name in ("model", "train", "dev"):
             if not getattr(self, name):
-                raise BertforgeError(f"--{name} is required")
+                raise ConfigError(f"{flag(name)} is required")
         if self.truncation not in ("head", "tail", "head+tail"):
-            raise BertforgeError("--truncation must be head, tail or head+tail")
+            raise ConfigError(f"{flag('truncation')} must be head, tail or head+tail")
+        if self.seq_len < 8:
+            raise ConfigError(f"{flag('seq_len')} must be at least 8")
+        if self.seeds is not None:
+            try:
+                seeds = [int(s) for s in str(self.seeds).split(",") if s.strip()]
+            except ValueError:
+                raise ConfigError(f"{flag('seeds')} must be comma-separated integers, not {self.seeds!r}") from None
+            if not seeds:
+                raise ConfigError(f"{flag('seeds')} names no seed")
+
+
+# ---------------------------------------------------------------------------- config files
+
+def cli_fields(cls: type) -> list:
+    """The fields of a config class that are settings a user gives (flags and config-file keys)."""
+    return [f for f in fields(cls) if f.metadata.get("cli", True)]
+
+
+def _check_value(value: Any, annotation: Any, where: str) -> Any:
+    """`value` as `annotation` (int, float, bool, str, list[str], X | None), or a ConfigError."""
+    hint = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+    if hint:  # X | None
+        if value is None:
+            return None
+        annotation = next(a for a in hint if a is not type(None))
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, not {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, not {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, str) and where.endswith("time_budget"):
+            return parse_duration(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, not {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, not {value!r}")
+        return value
+    raise ConfigError(f"{where}: cannot read a value of type {annotation}")  # pragma: no cover (a new field type)
+
+
+def read_config_file(path: str | Path, cls: type) -> dict[str, Any]:
+    """A JSON or YAML file of settings, checked key by key against `cls`'s fields.
+
+    Keys are the field names (`batch_size`; `batch-size` is read as the same key). An unknown key
+    or a value of the wrong type is refused, naming the file and the key.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config ({exc})") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file holds one mapping of setting: value")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in cli_fields(cls)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"{path}: unknown key '{key}'")
+        out[name] = _check_value(value, hints[name], f"{path}: {name}")
+    return out
+
+
+def saved_settings(cfg: Any) -> dict[str, Any]:
+    """The user-facing settings of a config, as `--config` reads them back."""
+    return {f.name: getattr(cfg, f.name) for f in cli_fields(type(cfg)) if f.name not in ("resume", "overwrite")}

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from . import distributed as dist
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import latest_checkpoint, load_best_weights, load_checkpoint, save_checkpoint
 from .errors import BertforgeError
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
@@ -71,6 +71,9 @@ class Trainer:
         self.checkpoints = self.out / "checkpoints"
         self.state: dict[str, Any] = {"epoch": 0, "position": 0, "horizon": None, "elapsed": 0.0,
                                       "best": None, "best_step": None, "stale_evals": 0}
+        # The weights of the best evaluation so far (with a select_metric), on the CPU: kept in
+        # memory, and saved with each checkpoint so that a resumed run still knows them.
+        self.best_weights: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ schedule
     def _steps_per_epoch(self, epoch: int) -> int:
@@ -99,6 +102,7 @@ class Trainer:
         if path is None:
             raise BertforgeError(f"{self.checkpoints}: no checkpoint to resume from")
         state = load_checkpoint(path, self.model, self.optimizer)
+        self.best_weights = load_best_weights(path)
         saved_run = state.get("run", {})
         differences = [k for k in sorted(set(saved_run) | set(self.run_info))
                        if k not in _RESUME_FREE and saved_run.get(k) != self.run_info.get(k)]
@@ -120,6 +124,8 @@ class Trainer:
         step = self.resume() if resume else 0
         if not resume:
             self.state["horizon"] = self._initial_horizon()
+            if dist.is_main() and self.metrics_file.exists():  # a fresh run's log starts empty
+                self.metrics_file.unlink()
         if self._steps_per_epoch(self.state["epoch"]) < 1:
             raise BertforgeError(
                 f"the data gives {self.task.micro_batches_per_epoch(self.state['epoch'])} micro-batches of "
@@ -220,6 +226,13 @@ class Trainer:
                 "best": self.state["best"], "best_step": self.state["best_step"],
                 "best_metrics": self.state.get("best_metrics")}
 
+    def restore_best(self) -> bool:
+        """Put the best evaluation's weights back into the model; False when none was selected."""
+        if self.best_weights is None:
+            return False
+        self.model.load_state_dict(self.best_weights)
+        return True
+
     # ------------------------------------------------------------------ helpers
     def _advance_position(self) -> bool:
         """Move the data position past one optimizer step; True when that ended an epoch."""
@@ -232,7 +245,7 @@ class Trainer:
         return False
 
     def _track_best(self, metrics: dict[str, float], step: int) -> bool:
-        """Keep the best model so far in OUT/best; True when patience has run out."""
+        """Keep the best weights so far (in memory); True when patience has run out."""
         c = self.config
         if not c.select_metric or c.select_metric not in metrics:
             return False
@@ -240,9 +253,7 @@ class Trainer:
         best = self.state["best"]
         if best is None or (value > best if c.greater_is_better else value < best):
             self.state.update(best=value, best_step=step, stale_evals=0, best_metrics=dict(metrics))
-            if dist.is_main():
-                self.model.save_pretrained(self.out / "best")
-            dist.barrier()
+            self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             return False
         self.state["stale_evals"] += 1
         return c.patience is not None and self.state["stale_evals"] >= c.patience
@@ -277,7 +288,8 @@ class Trainer:
     def _save(self, step: int) -> None:
         if dist.is_main():
             state = dict(self.state, run=self.run_info, config=asdict(self.config))
-            save_checkpoint(self.checkpoints, step, self.model, self.optimizer, state, self.config.keep_last)
+            save_checkpoint(self.checkpoints, step, self.model, self.optimizer, state, self.config.keep_last,
+                            best_weights=self.best_weights)
         dist.barrier()
 
     def _log(self, row: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..heads import IGNORE_INDEX
+from ..constants import IGNORE_INDEX
 LABEL_KEYS = ("labels", "next_sentence_label", "start_positions", "end_positions")
 
 

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..heads import IGNORE_INDEX
+from ..constants import IGNORE_INDEX
 from ..tokenizer import Tokenizer
 from .batching import collate
 from .shards import TokenShards
+from ..runconfig import MaskingSettings as MaskingConfig  # noqa: F401  (the collator reads these settings)
 
 # Columns of an NSP instance row.
 A_START, A_END, B_START, B_END, A_FRONT, A_BACK, B_FRONT, B_BACK, IS_RANDOM = range(9)
@@ -113,23 +113,6 @@ def build_nsp_instances(sentence_lengths: np.ndarray, doc_bounds: np.ndarray, do
     return np.array(rows, dtype=np.int64).reshape(-1, 9)
 
 
-@dataclass
-class MaskingConfig:
-    """Dynamic masking: which tokens are predicted and what the model sees in their place."""
-
-    masked_lm_prob: float = 0.15  # fraction of tokens predicted
-    mask_prob: float = 0.8  # of those: replaced by [MASK]
-    random_prob: float = 0.1  # of those: replaced by a random token (the rest stay unchanged)
-    max_predictions_per_seq: int | None = None  # cap; None = ceil(max_seq_len * masked_lm_prob)
-    whole_word: bool = False  # mask every WordPiece of a word together
-
-    def __post_init__(self) -> None:
-        if not 0 < self.masked_lm_prob < 1:
-            raise ValueError("masked_lm_prob must be in (0, 1)")
-        if self.mask_prob < 0 or self.random_prob < 0 or self.mask_prob + self.random_prob > 1:
-            raise ValueError("mask_prob + random_prob must be within [0, 1]")
-
-
 class MaskingCollator:
     """Pads a list of examples and masks them, google-research/bert style.
 
@@ -147,7 +130,7 @@ class MaskingCollator:
         self.mask_id = tokenizer.mask_token_id
         self.pad_id = tokenizer.pad_token_id
         self.never_mask = np.array(sorted({tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}))
-        cap = self.config.max_predictions_per_seq
+        cap = self.config.max_predictions
         self.cap = cap if cap is not None else math.ceil(max_seq_len * self.config.masked_lm_prob)
         # WordPieces that continue a word ("##ing") for whole-word masking.
         vocab = tokenizer.get_vocab()
@@ -162,7 +145,7 @@ class MaskingCollator:
         num = min(self.cap, max(1, int(round(len(ids) * self.config.masked_lm_prob))))
         if len(candidates) == 0:
             return candidates
-        if not self.config.whole_word:
+        if not self.config.wwm:
             return np.sort(rng.permutation(candidates)[:num])
         # Group each word's pieces, shuffle the words, and take whole words while they fit.
         starts = candidates[~self.is_continuation[ids[candidates]] | (np.diff(candidates, prepend=-2) != 1)]

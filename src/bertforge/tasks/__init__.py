@@ -1,6 +1,7 @@
 """Fine-tuning tasks, one module each: its reader, features, task spec (how batches are made and
 scored), head and metric. `TASKS` maps a task name to its `build(cfg, tokenizer, train, dev, model)`,
-which returns (model, task) for the one training loop. Pretraining's task lives in `pretrain.py`.
+which returns (model, task) for the one training loop. Pretraining is `pretraining.build`, which
+takes prepared shards instead of labelled files.
 
 Adding a task means adding a module here and one line in `TASKS` (and its name in
 `runconfig.TASKS`, which the CLI reads without importing torch).

@@ -1,0 +1,393 @@
+"""The subcommands of `bertforge`: each a plain function whose signature and docstring are its
+flags and help (see `build.command`). They parse nothing themselves: they call the library and
+print its result. Heavy imports (torch) happen inside, so `--help` stays fast.
+
+Flags mean the same everywhere: `--out` is where a command writes, `--overwrite` lets it replace
+what is there (without it nothing is replaced), `--json` prints one JSON object for machines
+instead of a readable summary, `--seed`, `--seq-len` and `--batch-size` are what they say.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import typer
+
+from ..errors import BertforgeError
+from ..predict import TASKS as PREDICT_TASKS
+from ..runconfig import TASKS, FinetuneConfig, PretrainConfig
+from .build import command, settings_from
+
+app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]},
+                  help="A readable BERT that pretrains, fine-tunes and serves, with Hugging Face checkpoint parity.")
+tokenizer_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Tokenizer tools.")
+export_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Export formats.")
+score_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Score predictions you already have.")
+app.add_typer(tokenizer_app, name="tokenizer", help="train a WordPiece vocabulary")
+app.add_typer(export_app, name="export", help="export a model to ONNX (checked against ONNX Runtime)")
+app.add_typer(score_app, name="score", help="score prediction files with the official metrics")
+
+
+def show(result: dict[str, Any], json: bool, title: str) -> None:
+    from ..runs import report
+
+    report(result, json, title)
+
+
+@command(app, "inspect")
+def inspect(path: str, json: bool = False) -> None:
+    """Print a checkpoint's config, parameter counts and heads.
+
+    Reads a Hugging Face style checkpoint directory (config.json plus model.safetensors or
+    pytorch_model.bin) and reports what it holds.
+
+    Args:
+        path: checkpoint directory
+        json: print one JSON object instead of a table
+    """
+    from ..inspect_ckpt import format_report, inspect_checkpoint
+
+    info = inspect_checkpoint(path)
+    print(jsonlib.dumps(info) if json else format_report(info))
+
+
+@command(tokenizer_app, "train")
+def tokenizer_train(files: list[str], *, out: str, vocab_size: int = 30522, min_frequency: int = 2,
+                    cased: bool = False, overwrite: bool = False, json: bool = False) -> None:
+    """Train a WordPiece vocabulary on text files.
+
+    Writes a BERT vocabulary ([PAD]=0, [UNK], [CLS], [SEP], [MASK]) as vocab.txt, tokenizer.json
+    and tokenizer_config.json. The same files give the same vocabulary, byte for byte.
+
+    Args:
+        files: UTF-8 text files (.gz allowed)
+        out: output directory
+        vocab_size: vocabulary size (30522 is bert-base's)
+        min_frequency: ignore pieces seen fewer times
+        cased: keep case and accents (default: lowercase and strip accents)
+        overwrite: replace a vocabulary already in --out
+        json: print one JSON object instead of a summary
+    """
+    from ..tokenizer import Tokenizer
+
+    target = Path(out)
+    if not files:
+        raise BertforgeError("tokenizer train needs at least one text file")
+    if (target / "vocab.txt").exists() and not overwrite:
+        raise BertforgeError(f"{target}: already holds a vocab.txt; pass --overwrite to replace it")
+    for f in files:
+        if not Path(f).is_file():
+            raise BertforgeError(f"{f}: no such file")
+    tok = Tokenizer.train(files, vocab_size=vocab_size, lowercase=not cased, min_frequency=min_frequency,
+                          show_progress=sys.stderr.isatty())
+    tok.save(target)
+    show({"out": str(target), "vocab_size": tok.vocab_size, "lowercase": not cased}, json, "vocabulary written")
+
+
+@command(app, "prepare")
+def prepare(corpus: list[str], *, out: str, tokenizer: str, workers: int | None = None,
+            shard_tokens: int = 100_000_000, doc_per_file: bool = False, text_field: str = "text",
+            encoding_errors: Literal["strict", "replace"] = "strict", json: bool = False) -> None:
+    """Tokenise a corpus once into shards on disk.
+
+    Reads a corpus (text, JSONL, .gz, directories, globs, HF datasets), splits it into sentences,
+    tokenises it in parallel processes and writes memory-mapped shards that `bertforge pretrain`
+    reads with O(1) random access.
+
+    Args:
+        corpus: files, directories, globs, a save_to_disk dir, or hf:NAME[:CONFIG]
+        out: output directory (must not exist)
+        tokenizer: directory with vocab.txt or tokenizer.json (e.g. a checkpoint)
+        workers: tokenising processes (default: all cores)
+        shard_tokens: tokens per shard
+        doc_per_file: a whole file is one document (default: blank lines separate documents)
+        text_field: JSONL / datasets field that holds the text
+        encoding_errors: on invalid UTF-8, stop (strict) or substitute U+FFFD (replace)
+        json: print one JSON object instead of a summary
+    """
+    from ..data.corpus import CorpusOptions
+    from ..data.shards import prepare as prepare_shards
+    from ..tokenizer import Tokenizer
+
+    if not corpus:
+        raise BertforgeError("prepare needs a corpus: files, directories, globs or hf:NAME")
+    options = CorpusOptions(doc_per_file=doc_per_file, text_field=text_field, encoding_errors=encoding_errors)
+    meta = prepare_shards(corpus, out, Tokenizer.from_pretrained(tokenizer), options, workers=workers,
+                          shard_tokens=shard_tokens, progress=sys.stderr.isatty())
+    show({k: meta[k] for k in ("documents", "sentences", "tokens", "seconds")} | {"out": out}, json,
+         "corpus prepared")
+
+
+@command(app, "pretrain", settings=PretrainConfig, settings_skip=frozenset({"corpus"}))
+def pretrain(corpus: list[str], *, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
+             **settings: Any) -> None:
+    """Pretrain BERT (MLM + NSP) on raw text; no corpus = the embedded default.
+
+    Masked-LM and next-sentence prediction as google-research/bert does it, or MLM only on packed
+    full sentences (--objective mlm). With no CORPUS it pretrains a tiny model for three minutes
+    on the docstrings of Python's standard library. A run writes OUT/run_config.json, which
+    --config reads back.
+
+    Args:
+        corpus: files, dirs, globs, hf:NAME, or a `bertforge prepare` directory (none: the embedded corpus)
+        config: a JSON or YAML file of these settings (flags given here override it)
+        json: print the final summary as one JSON object
+    """
+    from ..pretrain import run_pretrain
+
+    cfg = settings_from(PretrainConfig, {**settings, "corpus": list(corpus or [])}, config, ctx)
+    run_pretrain(cfg, as_json=json)
+
+
+@command(app, "finetune", settings=FinetuneConfig)
+def finetune(task: Literal[TASKS], *, config: str | None = None, json: bool = False,
+             ctx: typer.Context | None = None, **settings: Any) -> None:
+    """Fine-tune for classification, regression, NER or question answering.
+
+    Fine-tunes a checkpoint (or a preset with --tokenizer), evaluating every epoch (or every
+    --eval-every steps) and keeping the best model by the task's main metric (accuracy, Pearson,
+    entity F1, SQuAD F1). The result is a Hugging Face model directory. A run writes
+    OUT/run_config.json, which --config reads back.
+
+    Args:
+        task: the task
+        config: a JSON or YAML file of these settings (flags given here override it)
+        json: print the final summary as one JSON object
+    """
+    from ..finetune import run_finetune
+
+    run_finetune(settings_from(FinetuneConfig, settings, config, ctx, task=task), as_json=json)
+
+
+@command(app, "evaluate")
+def evaluate(task: Literal[TASKS], *, model: str, data: str, predictions: str | None = None,
+             seq_len: int | None = None, batch_size: int = 32, text_column: str | None = None,
+             pair_column: str | None = None, label_column: str | None = None, overwrite: bool = False,
+             json: bool = False) -> None:
+    """Score a fine-tuned model on a labelled file.
+
+    Args:
+        task: the task
+        model: fine-tuned checkpoint directory
+        data: labelled file in the task's format
+        predictions: also write one JSON prediction per example to this file
+        seq_len: maximum tokens per example (default 512; 384 for qa)
+        batch_size: examples per forward pass
+        text_column: column of the text (name or 0-based index)
+        pair_column: column of the second text
+        label_column: column of the label
+        overwrite: replace an existing --predictions file
+        json: print the metrics as one JSON object
+    """
+    from ..data.classification import Columns
+    from ..finetune import run_evaluate
+
+    if predictions and Path(predictions).exists() and not overwrite:
+        raise BertforgeError(f"{predictions}: exists; pass --overwrite to replace it")
+    metrics = run_evaluate(task, model, data, seq_len=seq_len, batch_size=batch_size,
+                           columns=Columns(text_column, pair_column, label_column), predictions=predictions)
+    show(metrics, json, f"{task} on {data}")
+
+
+@command(app, "predict")
+def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, model: str, input: str | None = None,
+            batch_size: int = 32, top_k: int = 5, targets: str | None = None, joint: bool = False,
+            aggregation: Literal["first", "average", "max"] = "first",
+            pooling: Literal["mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken",
+                             "pooler"] | None = None,
+            normalize: bool = False, against: str | None = None, null_threshold: float | None = None,
+            compile: bool = False) -> None:
+    """Run a model on texts: fill-mask, classify, ner, qa, embed, similarity.
+
+    Inputs are the TEXTS given, a file (--input: one per line, or JSONL objects such as
+    {"text": ..., "text_pair": ...} or {"question": ..., "context": ...}), or stdin. Prints one
+    JSON object per input.
+
+    Args:
+        task: what to run
+        texts: input texts (else --input or stdin)
+        model: checkpoint directory
+        input: file of inputs, one per line or JSONL
+        batch_size: inputs per forward pass
+        top_k: fill-mask predictions per mask; similarity matches
+        targets: fill-mask: comma-separated words to score instead of the top-k
+        joint: fill-mask: fill all masks, most confident first
+        aggregation: ner: how sub-token scores become word labels
+        pooling: embed/similarity pooling (default: the sentence-transformers setting, else mean)
+        normalize: embed: L2-normalise the vectors
+        against: similarity: file of candidates; print the --top-k matches of each input
+        null_threshold: qa (SQuAD v2 models): answer '' above this null margin
+        compile: torch.compile the encoder first (a one-off ~20 s; faster after, for large inputs)
+    """
+    from ..pipelines import read_inputs
+    from ..predict import run_predict
+
+    stdin = None if texts or input else sys.stdin.read().splitlines()
+    inputs = read_inputs(list(texts or []), input, stdin)
+    candidates = read_inputs([], against) if against else None
+    for row in run_predict(task, model, inputs, top_k=top_k, targets=targets.split(",") if targets else None,
+                           joint=joint, aggregation=aggregation, pooling=pooling, normalize=True if normalize else None,
+                           against=candidates, batch_size=batch_size, null_threshold=null_threshold,
+                           progress=bool(input) and sys.stderr.isatty(), compile=compile):
+        print(jsonlib.dumps(row, ensure_ascii=False), flush=True)
+
+
+@command(app, "serve")
+def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = 1_000_000,
+          max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 5.0) -> None:
+    """Serve a model over HTTP (FastAPI): /embed /fill-mask /classify /ner /qa.
+
+    Endpoints the model has no head for answer 404. Binds to 127.0.0.1 unless --host says
+    otherwise; OpenAPI docs at /docs.
+
+    Args:
+        model: checkpoint directory
+        host: address to bind (127.0.0.1: this machine only)
+        port: TCP port
+        max_body_bytes: larger request bodies get 413
+        max_texts: texts per request (else 422)
+        max_chars: characters per text (else 422)
+        batch_wait_ms: how long a request waits to batch with others
+    """
+    from ..errors import require
+
+    require("serve", "fastapi", "uvicorn", "pydantic", what="bertforge serve")
+    from ..server import Limits, serve as run_server
+
+    run_server(model, host, port, Limits(max_body_bytes=max_body_bytes, max_texts=max_texts, max_chars=max_chars,
+                                         batch_wait_ms=batch_wait_ms))
+
+
+@command(app, "attention")
+def attention(*, model: str, text: str, out: str, pair: str | None = None, layer: int | None = None,
+              head: int | None = None, html: str | None = None, overwrite: bool = False, json: bool = False) -> None:
+    """Draw attention heatmaps (a PNG grid, or an interactive HTML page).
+
+    Draws a model's attention for one input: a PNG grid of every layer x head, or one layer/head
+    with the WordPiece tokens on both axes; --html writes a static page with layer and head
+    pickers that opens in any browser without a server.
+
+    Args:
+        model: checkpoint directory
+        text: the input text
+        out: PNG file to write
+        pair: second segment (sentence B)
+        layer: 1-based layer to draw alone (default: the whole grid)
+        head: 1-based head (with --layer; default: the mean of the heads)
+        html: also write an interactive HTML page here
+        overwrite: replace existing --out / --html files
+        json: print one JSON object instead of a summary
+    """
+    from ..model import BertModel
+    from ..tokenizer import Tokenizer
+    from ..viz import attention_maps, plot_attention, write_attention_html
+
+    for target in (out, html):
+        if target and Path(target).exists() and not overwrite:
+            raise BertforgeError(f"{target}: exists; pass --overwrite to replace it")
+    encoder = BertModel.from_pretrained(model)
+    tokens, attn = attention_maps(encoder, Tokenizer.from_pretrained(model), text, pair)
+    n_layers, n_heads = attn.shape[:2]
+    for name, value, limit in (("--layer", layer, n_layers), ("--head", head, n_heads)):
+        if value is not None and not 1 <= value <= limit:
+            raise BertforgeError(f"{name} {value} is out of range: the model has {limit}")
+    written = [str(plot_attention(tokens, attn, Path(out), layer - 1 if layer else None,
+                                  head - 1 if head else None))]
+    if html:
+        written.append(str(write_attention_html(tokens, attn, Path(html))))
+    show({"tokens": len(tokens), "layers": n_layers, "heads": n_heads, "written": written}, json, "attention drawn")
+
+
+@command(export_app, "onnx")
+def export_onnx(*, model: str, out: str, int8: bool = False, opset: int = 18, json: bool = False) -> None:
+    """ONNX with dynamic batch and sequence axes, checked against ONNX Runtime.
+
+    Exports a checkpoint to ONNX, runs it in ONNX Runtime on a new padded shape and requires a
+    match with PyTorch within 1e-4. --int8 adds a dynamically quantised copy for CPU inference.
+
+    Args:
+        model: checkpoint directory
+        out: the .onnx file to write (must not exist)
+        int8: also write OUT.int8.onnx with int8 weights
+        opset: ONNX opset version
+        json: print one JSON object instead of a summary
+    """
+    from ..export import export_onnx as run_export
+
+    show(run_export(model, out, int8=int8, opset=opset), json, "exported")
+
+
+@command(score_app, "squad")
+def score_squad(data: str, predictions: str, *, na_probs: str | None = None, threshold: float = 1.0,
+                json: bool = False) -> None:
+    """SQuAD v1.1/v2.0 exact match and F1, as the official scripts compute them.
+
+    DATA is the SQuAD file; PREDICTIONS maps question ids to answer text. Prints exact_match and
+    f1 in percent (v2: the HasAns/NoAns splits too).
+
+    Args:
+        data: the SQuAD JSON file
+        predictions: JSON of question id -> answer text
+        na_probs: v2: JSON of question id -> no-answer probability
+        threshold: v2: no-answer probability threshold
+        json: print one JSON object instead of a summary
+    """
+    from .. import score
+
+    show(score.score_squad(data, predictions, na_probs, threshold), json, f"SQuAD scores of {predictions}")
+
+
+@command(score_app, "ner")
+def score_ner(gold: str, pred: str, *, json: bool = False) -> None:
+    """Entity-level precision, recall and F1 of two CoNLL files (conlleval's counting).
+
+    GOLD and PRED are CoNLL column files with aligned tokens and the tag in the last column
+    (IOB1, IOB2 or BIOES), or `evaluate --predictions` JSONL for PRED.
+
+    Args:
+        gold: CoNLL file with the gold tags
+        pred: CoNLL file (or predictions JSONL) with the predicted tags
+        json: print one JSON object instead of a summary
+    """
+    from .. import score
+
+    show(score.score_ner(gold, pred), json, f"entity scores of {pred}")
+
+
+@command(score_app, "classification")
+def score_classification(gold: str, pred: str, *, json: bool = False) -> None:
+    """Accuracy, macro-F1, binary F1 and MCC of two label files.
+
+    GOLD and PRED hold one label per line (or as the last tab-separated column), or
+    `evaluate --predictions` JSONL for PRED.
+
+    Args:
+        gold: file with the gold labels
+        pred: file with the predicted labels
+        json: print one JSON object instead of a summary
+    """
+    from .. import score
+
+    show(score.score_classification(gold, pred), json, f"classification scores of {pred}")
+
+
+@command(app, "demo")
+def demo(*, out: str = "bertforge-demo", model: str = "tiny", seed: int = 0, overwrite: bool = False) -> None:
+    """Offline end-to-end tour: tokenizer, tiny model, save, reload, fill-mask.
+
+    Trains a vocabulary on the standard library's docstrings, builds a tiny BERT, runs MLM+NSP
+    forward, saves in the Hugging Face layout, reloads and fills masks.
+
+    Args:
+        out: output directory
+        model: size preset
+        seed: seed of the new weights
+        overwrite: allow writing into a non-empty --out
+    """
+    from ..demo import run_demo
+
+    run_demo(Path(out), preset=model, seed=seed, overwrite=overwrite)

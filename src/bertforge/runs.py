@@ -1,0 +1,77 @@
+"""The life of a training run, shared by `pretrain` and `finetune`: claim the output directory,
+save the settings, and report the result.
+
+Output-directory policy (one rule for every run):
+- a new or empty `--out` is used as it is;
+- a non-empty one is refused unless `--overwrite` (start again there) or `--resume` (continue
+  from its last checkpoint) is given;
+- `--overwrite` removes only what a bertforge run writes there; any other file stays.
+
+Each run writes `OUT/run_config.json`, the settings it ran with, which `--config` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from . import distributed as dist
+from .errors import BertforgeError
+from .runconfig import saved_settings
+
+RUN_FILES = ("checkpoints", "best", "metrics.jsonl", "curves.png", "run_config.json", "pretrain_results.json",
+             "eval_results.json", "config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
+             "tokenizer_config.json", "special_tokens_map.json")
+"""What a run may have written in its output directory, and so what `--overwrite` may remove."""
+
+
+def claim_output(cfg: Any, extra: tuple[str, ...] = ()) -> Path:
+    """The run's output directory, checked against `cfg.resume` / `cfg.overwrite` (see module doc).
+
+    `extra` names further entries this kind of run writes (e.g. finetune's `seed-*` folders).
+    Call it on every rank before any rank writes, then `dist.barrier()`.
+    """
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise BertforgeError(f"{out}: exists and is not a directory (out, --out)")
+    if cfg.resume:
+        if not (out / "checkpoints").is_dir() and not any(out.glob("seed-*/checkpoints")):
+            raise BertforgeError(f"{out}: nothing to resume (no checkpoints/ directory); the run either never "
+                                 "saved or already finished")
+        return out
+    if out.exists() and any(out.iterdir()):
+        if not cfg.overwrite:
+            raise BertforgeError(f"{out}: directory exists and is not empty; pass --overwrite to start again there, "
+                                 "--resume to continue its run, or choose another --out")
+        if dist.is_main():
+            for pattern in (*RUN_FILES, *extra):
+                for target in out.glob(pattern):
+                    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    return out
+
+
+def save_run_config(out: Path, cfg: Any) -> None:
+    """OUT/run_config.json: the settings of this run, readable by `--config`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run_config.json").write_text(json.dumps(saved_settings(cfg), indent=2) + "\n", encoding="utf-8")
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return "  ".join(f"{k} {_format(v)}" for k, v in value.items())
+    return str(value)
+
+
+def report(result: dict[str, Any], as_json: bool, title: str) -> None:
+    """Print a run's result: one JSON object (`--json`, for machines), or an aligned summary."""
+    if as_json:
+        print(json.dumps(result), flush=True)
+        return
+    print(title, flush=True)
+    width = max((len(k) for k in result), default=0)
+    for key, value in result.items():
+        print(f"  {key:<{width}}  {_format(value)}", flush=True)

@@ -1,0 +1,124 @@
+"""Pretraining as a task: masked-LM (+ next-sentence prediction) over prepared token shards.
+
+Reader -> features -> task -> head -> metric, as for the fine-tuning tasks: the corpus is read
+into `TokenShards` by `data/`, documents become sentence pairs (MLM + NSP, as google-research/bert)
+or packed blocks (MLM only), the collator masks them afresh each epoch, the head is
+`BertForPreTraining` or `BertForMaskedLM`, and the metric is held-out MLM loss, accuracy and
+perplexity (plus NSP accuracy).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import BertConfig
+from ..data.pretraining import MaskingCollator, PretrainingExamples
+from ..data.shards import TokenShards
+from ..errors import BertforgeError
+from ..heads import BertForMaskedLM, BertForPreTraining
+from ..runconfig import PretrainConfig
+from ..tokenizer import Tokenizer
+
+
+class PretrainingTask:
+    """MLM (+ NSP) on prepared shards, for the training loop."""
+
+    def __init__(self, train: PretrainingExamples, held_out: PretrainingExamples | None, collator: MaskingCollator,
+                 batch_size: int, seed: int, eval_batches: int) -> None:
+        self.train, self.held_out, self.collator = train, held_out, collator
+        self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            n = len(self.train.instances(epoch))
+            self._order = (epoch, np.random.default_rng([self.seed, 7, epoch]).permutation(n))
+        return self._order[1]
+
+    def micro_batches_per_epoch(self, epoch: int) -> int:
+        return len(self.train.instances(epoch)) // self.batch_size
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+        rows = self._permutation(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+        examples = [self.train.example(epoch, int(r)) for r in rows]
+        return self.collator(examples, np.random.default_rng([self.seed, 11, epoch, index]))
+
+    def loss(self, model, batch):
+        out = model(**batch)
+        parts = {"mlm_loss": out.mlm_loss.detach()} if hasattr(out, "mlm_loss") else {"mlm_loss": out.loss.detach()}
+        if getattr(out, "nsp_loss", None) is not None:
+            parts["nsp_loss"] = out.nsp_loss.detach()
+        return out.loss, parts
+
+    def evaluate(self, model) -> dict[str, float]:
+        """Held-out MLM loss (per predicted token), MLM accuracy, perplexity, and NSP accuracy."""
+        if self.held_out is None:
+            return {}
+        device = next(model.parameters()).device
+        instances = self.held_out.instances(0)
+        order = np.random.default_rng([self.seed, 13]).permutation(len(instances))
+        nll = correct = predicted = nsp_correct = nsp_total = 0.0
+        for b in range(self.eval_batches):
+            rows = order[b * self.batch_size:(b + 1) * self.batch_size]
+            if len(rows) == 0:
+                break
+            batch = self.collator([self.held_out.example(0, int(r)) for r in rows], np.random.default_rng([self.seed, 17, b]))
+            batch = {k: v.to(device) for k, v in batch.items()}
+            out = model(**batch)
+            targets = batch["labels"][batch["labels"] != -100]
+            nll += torch.nn.functional.cross_entropy(out.logits.float(), targets, reduction="sum").item()
+            correct += (out.logits.argmax(-1) == targets).sum().item()
+            predicted += targets.numel()
+            if getattr(out, "nsp_logits", None) is not None:
+                nsp_correct += (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().item()
+                nsp_total += len(rows)
+        result = {"mlm_loss": nll / max(1, predicted), "mlm_acc": correct / max(1, predicted)}
+        result["perplexity"] = math.exp(min(result["mlm_loss"], 50))
+        if nsp_total:
+            result["nsp_acc"] = nsp_correct / nsp_total
+        return result
+
+
+def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
+    cls = BertForPreTraining if cfg.objective == "mlm+nsp" else BertForMaskedLM
+    name = cfg.model or ("base" if cfg.corpus else "tiny")
+    if Path(name).is_dir():
+        model = cls.from_pretrained(name)
+        if model.config.vocab_size < tokenizer.vocab_size:
+            raise BertforgeError(f"{name}: vocab_size {model.config.vocab_size} is smaller than the tokenizer's "
+                                 f"{tokenizer.vocab_size}")
+    else:
+        model = cls(BertConfig.from_preset(name, vocab_size=tokenizer.vocab_size))
+    if cfg.seq_len > model.config.max_position_embeddings:
+        raise BertforgeError(f"--seq-len {cfg.seq_len} exceeds the model's max_position_embeddings "
+                             f"({model.config.max_position_embeddings})")
+    return model
+
+
+def _split(shards: TokenShards, cfg: PretrainConfig) -> tuple[np.ndarray, np.ndarray]:
+    n = shards.num_documents
+    n_eval = 0 if n < 4 else min(1000, max(2, round(cfg.eval_fraction * n)))
+    docs = np.arange(n, dtype=np.int64)
+    return docs[: n - n_eval], docs[n - n_eval:]
+
+
+def build(cfg: PretrainConfig, shards: TokenShards, tokenizer: Tokenizer, source: str) -> tuple[torch.nn.Module, PretrainingTask]:
+    """(model, task) for pretraining on `shards`; `source` names the corpus in error messages."""
+    model = _model(cfg, tokenizer)
+    train_docs, eval_docs = _split(shards, cfg)
+    if cfg.objective == "mlm+nsp" and len(train_docs) < 2:
+        raise BertforgeError(f"{source}: {shards.num_documents} document(s), too few to build sentence pairs: NSP "
+                             "needs at least two documents (separate them with blank lines, or use --objective mlm)")
+
+    def examples(docs: np.ndarray) -> PretrainingExamples:
+        return PretrainingExamples(shards, docs, tokenizer, cfg.seq_len, cfg.objective, cfg.short_seq_prob, cfg.seed)
+
+    collator = MaskingCollator(tokenizer, cfg.seq_len, cfg, pack_to=cfg.seq_len if cfg.pack else None)
+    task = PretrainingTask(examples(train_docs), examples(eval_docs) if len(eval_docs) >= 2 else None, collator,
+                           cfg.batch_size, cfg.seed, cfg.eval_batches)
+    task.documents = (len(train_docs), len(eval_docs))
+    return model, task
