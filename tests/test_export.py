@@ -23,6 +23,7 @@ def test_export_classifier_and_run_on_new_shapes(tmp_path):
     result = subprocess.run([sys.executable, "-m", "bertforge", "export", "onnx", "--model", str(tmp_path / "ckpt"),
                              "--out", str(out), "--int8", "--json"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
+    assert "torchvision" not in result.stderr and "Please consider" not in result.stderr  # no library chatter
     report = json.loads(result.stdout)
     assert report["max_abs_diff_fp32"] <= 1e-4 and report["outputs"] == ["logits"]
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])

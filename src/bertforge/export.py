@@ -8,6 +8,7 @@ CPU inference) next to it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import warnings
@@ -52,13 +53,26 @@ def _sample(vocab: int, batch: int, length: int, seed: int) -> dict[str, torch.T
     return {"input_ids": ids.masked_fill(mask == 0, 0), "token_type_ids": torch.zeros_like(ids), "attention_mask": mask}
 
 
-def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18) -> dict:
+@contextlib.contextmanager
+def _quiet(*loggers: str):
+    """Raise these loggers to ERROR for a while: library notes that are not the user's concern."""
+    saved = [(logging.getLogger(name), logging.getLogger(name).level) for name in loggers]
+    for logger, _ in saved:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in saved:
+            logger.setLevel(level)
+
+
+def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, overwrite: bool = False) -> dict:
     """Export, check against PyTorch with ONNX Runtime, and optionally quantise. Returns a report."""
     require("export", "onnx", "onnxruntime", "onnxscript", what="ONNX export")
     import onnxruntime as ort
     out_path = Path(out)
-    if out_path.exists():
-        raise BertforgeError(f"{out_path}: already exists; choose another --out")
+    if out_path.exists() and not overwrite:
+        raise BertforgeError(f"{out_path}: already exists; pass --overwrite to replace it or choose another --out")
     model = head_info(architecture_of(model_dir)).cls.from_pretrained(model_dir).eval()
     names = _names(model)
     sample = _sample(model.config.vocab_size, 2, 16, 0)
@@ -66,7 +80,8 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18) -
             "seq": torch.export.Dim("seq", min=2, max=model.config.max_position_embeddings)}
     shapes = {k: {0: axes["batch"], 1: axes["seq"]} for k in sample}
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # the exporter's notes on axis naming are not the user's concern
+    # The exporter's notes on axis naming, and on torchvision operators it skips, are not the user's concern.
+    with warnings.catch_warnings(), _quiet("torch.onnx._internal.exporter._registration"):
         warnings.simplefilter("ignore")
         torch.onnx.export(_Outputs(model), (sample["input_ids"], sample["token_type_ids"], sample["attention_mask"]),
                           str(out_path), input_names=list(sample), output_names=names, dynamic_shapes=shapes,
@@ -81,10 +96,10 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18) -
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         int8_path = out_path.with_name(out_path.stem + ".int8.onnx")
-        logging.getLogger().setLevel(logging.ERROR)  # onnxruntime's pre-processing hint goes to the root logger
         # Per-output-channel weight scales: with one scale per tensor, SST-2 accuracy of a
         # fine-tuned MiniLM fell 1.95 points; per channel, 0.46 (benchmarks/inference.py).
-        quantize_dynamic(str(out_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=True)
+        with _quiet(""):  # onnxruntime's pre-processing hint goes to the root logger
+            quantize_dynamic(str(out_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=True)
         files.append(("int8", int8_path))
         report["int8"] = str(int8_path)
     feeds = {k: v.numpy() for k, v in check.items()}

@@ -303,7 +303,8 @@ def attention(*, model: str, text: str, out: str, pair: str | None = None, layer
 
 
 @command(export_app, "onnx")
-def export_onnx(*, model: str, out: str, int8: bool = False, opset: int = 18, json: bool = False) -> None:
+def export_onnx(*, model: str, out: str, int8: bool = False, opset: int = 18, overwrite: bool = False,
+                json: bool = False) -> None:
     """ONNX with dynamic batch and sequence axes, checked against ONNX Runtime.
 
     Exports a checkpoint to ONNX, runs it in ONNX Runtime on a new padded shape and requires a
@@ -311,14 +312,15 @@ def export_onnx(*, model: str, out: str, int8: bool = False, opset: int = 18, js
 
     Args:
         model: checkpoint directory
-        out: the .onnx file to write (must not exist)
+        out: the .onnx file to write
         int8: also write OUT.int8.onnx with int8 weights
         opset: ONNX opset version
+        overwrite: replace an existing --out
         json: print one JSON object instead of a summary
     """
     from ..export import export_onnx as run_export
 
-    show(run_export(model, out, int8=int8, opset=opset), json, "exported")
+    show(run_export(model, out, int8=int8, opset=opset, overwrite=overwrite), json, "exported")
 
 
 @command(score_app, "squad")
