@@ -339,4 +339,7 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
     details: dict = {}
     answers, margins = best_answers(examples, features, starts, ends, n_best, max_answer_len, null_threshold,
                                     details=details)
-    return [{**details[e.id], "answer": answers[e.id], "null_margin": margins[e.id]} for e in examples]
+    # A context with no token to answer from has no span at all: its margin is null, not infinity
+    # (which JSON cannot carry).
+    return [{**details[e.id], "answer": answers[e.id],
+             "null_margin": margins[e.id] if np.isfinite(margins[e.id]) else None} for e in examples]

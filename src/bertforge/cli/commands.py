@@ -238,28 +238,43 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
 
 @command(app, "serve")
 def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = 1_000_000,
-          max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 5.0) -> None:
-    """Serve a model over HTTP (FastAPI): /embed /fill-mask /classify /ner /qa.
+          max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 5.0, max_batch_tokens: int = 16_384,
+          max_concurrent_requests: int = 512, api_key: str | None = None,
+          served_model_name: str | None = None) -> None:
+    """Serve a model over HTTP: bertforge's, TEI's and OpenAI's APIs, rerank, metrics.
 
+    Endpoints: /embed, /fill-mask, /classify, /ner, /qa (bertforge's {"texts"}); /embed with
+    {"inputs"}, /rerank, /tokenize and /info as text-embeddings-inference; /v1/embeddings as
+    OpenAI; /rerank with {"documents"} as Cohere; /metrics for Prometheus; /docs (offline).
     Endpoints the model has no head for answer 404. Binds to 127.0.0.1 unless --host says
-    otherwise; OpenAPI docs at /docs.
+    otherwise. The API key may also come from the BERTFORGE_API_KEY environment variable,
+    which other users cannot read from the process list.
 
     Args:
         model: checkpoint directory
         host: address to bind (127.0.0.1: this machine only)
         port: TCP port
         max_body_bytes: larger request bodies get 413
-        max_texts: texts per request (else 422)
-        max_chars: characters per text (else 422)
+        max_texts: inputs per request (else 422)
+        max_chars: characters per input (else 422)
         batch_wait_ms: how long a request waits to batch with others
+        max_batch_tokens: tokens per batch: concurrent requests are grouped under this budget
+        max_concurrent_requests: requests in flight; one more gets 429 at once
+        api_key: require 'Authorization: Bearer KEY' on every endpoint but /health and the API docs
+        served_model_name: the name /v1/embeddings and /info use (default: the directory's name)
     """
+    import os
+
     from ..errors import require
 
-    require("serve", "fastapi", "uvicorn", "pydantic", what="bertforge serve")
+    require("serve", "fastapi", "uvicorn", "pydantic", "prometheus_client", "swagger_ui", what="bertforge serve")
     from ..server import Limits, serve as run_server
 
     run_server(model, host, port, Limits(max_body_bytes=max_body_bytes, max_texts=max_texts, max_chars=max_chars,
-                                         batch_wait_ms=batch_wait_ms))
+                                         batch_wait_ms=batch_wait_ms, max_batch_tokens=max_batch_tokens,
+                                         max_concurrent_requests=max_concurrent_requests,
+                                         api_key=api_key or os.environ.get("BERTFORGE_API_KEY") or None,
+                                         served_model_name=served_model_name))
 
 
 @command(app, "attention")
