@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,25 +34,37 @@ def call(port: int, path: str, body: bytes | dict | None = None, method: str | N
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, *flags: str) -> Iterator[tuple[int, subprocess.Popen]]:
-    """`bertforge serve` on 127.0.0.1 and a free port; yields (port, process) once /health answers."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "serve", "--model", str(model_dir), "--port",
-                             str(port), *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+def serving(command: list[str], port: int, ready_path: str = "/health") -> Iterator[subprocess.Popen]:
+    """Run a server command until `ready_path` answers 200 on 127.0.0.1:`port`; stop it afterwards."""
+    # The server's output goes to a file, not a pipe: nobody reads a pipe while the server runs, and
+    # once its buffer (64 KB) is full of access-log lines, the server would block writing the next.
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc.log = log  # the server's output so far: proc.log.seek(0); proc.log.read()
     try:
         deadline = time.time() + 120
         while True:
             try:
-                if call(port, "/health")[0] == 200:
+                if call(port, ready_path)[0] == 200:
                     break
             except OSError:
                 time.sleep(0.3)
             if proc.poll() is not None:
-                raise RuntimeError(proc.stderr.read().decode())
+                log.seek(0)
+                raise RuntimeError(log.read().decode())
             if time.time() > deadline:
-                raise TimeoutError("the server did not answer /health within 120 s")
-        yield port, proc
+                raise TimeoutError(f"the server did not answer {ready_path} within 120 s")
+        yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        log.close()
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, *flags: str) -> Iterator[tuple[int, subprocess.Popen]]:
+    """`bertforge serve` on 127.0.0.1 and a free port; yields (port, process) once /health answers."""
+    port = free_port()
+    with serving([sys.executable, "-m", "bertforge", "serve", "--model", str(model_dir), "--port", str(port),
+                  *flags], port) as proc:
+        yield port, proc

@@ -238,7 +238,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
 
 @command(app, "serve")
 def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = 1_000_000,
-          max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 5.0, max_batch_tokens: int = 16_384,
+          max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 0.0, max_batch_tokens: int = 16_384,
           max_concurrent_requests: int = 512, api_key: str | None = None,
           served_model_name: str | None = None) -> None:
     """Serve a model over HTTP: bertforge's, TEI's and OpenAI's APIs, rerank, metrics.
@@ -257,7 +257,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         max_body_bytes: larger request bodies get 413
         max_texts: inputs per request (else 422)
         max_chars: characters per input (else 422)
-        batch_wait_ms: how long a request waits to batch with others
+        batch_wait_ms: how long a batch waits for more requests (0: it takes those that queued while the last
+            batch ran)
         max_batch_tokens: tokens per batch: concurrent requests are grouped under this budget
         max_concurrent_requests: requests in flight; one more gets 429 at once
         api_key: require 'Authorization: Bearer KEY' on every endpoint but /health and the API docs

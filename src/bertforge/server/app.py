@@ -160,6 +160,7 @@ def create_app(model_dir: str, limits: Limits | None = None):
                                    swagger_css_url="/docs-static/swagger-ui.css",
                                    swagger_favicon_url="/docs-static/favicon-32x32.png")
 
+    app.state.batchers = batchers  # for introspection (tests, debugging)
     routes.add_model_routes(app, service, submit)
     return app
 

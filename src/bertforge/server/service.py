@@ -26,7 +26,7 @@ class Limits:
     max_body_bytes: int = 1_000_000
     max_texts: int = 64
     max_chars: int = 10_000
-    batch_wait_ms: float = 5.0
+    batch_wait_ms: float = 0.0
     max_batch_tokens: int = 16_384
     max_concurrent_requests: int = 512
     api_key: str | None = None
