@@ -1,7 +1,9 @@
 """CPU inference, side by side on SST-2 dev (872 sentences) with all-MiniLM-L6-v2, batch 32.
 
 1. Identical batches sorted by length: bertforge `BertModel` vs transformers `BertModel`
-   (eager and sdpa attention) vs ONNX Runtime (fp32 and dynamic int8) on bertforge's export.
+   (eager and sdpa attention) vs ONNX Runtime (fp32 and dynamic int8) on bertforge's export,
+   vs OpenVINO (on the same ONNX graph) and CTranslate2 (converted from the checkpoint), when
+   those are installed (`pip install openvino ctranslate2`).
 2. File order: bertforge's `embed` pipeline (it buckets by length itself) vs transformers
    (the better of eager and sdpa) on batches of 32 in file order.
    Both 1 and 2 also run bertforge's encoder compiled for inference (`compile_for_inference`:
@@ -77,6 +79,46 @@ def ort_runner(path: Path):
         for b in data:
             session.run(None, b)
     return run
+
+
+def openvino_runner(path: Path):
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
+
+    def run(data):
+        for b in data:
+            compiled(b)
+    return run
+
+
+def ctranslate2_runner(model_dir: Path, work: Path):
+    """CTranslate2's encoder on the same batches; it takes each row's real ids (no padding)."""
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+
+    out = work / "ct2"
+    TransformersConverter(str(model_dir)).convert(str(out))
+    encoder = ctranslate2.Encoder(str(out), device="cpu", compute_type="float32",
+                                  intra_threads=torch.get_num_threads())
+    rows = lambda b: [ids[mask.astype(bool)].tolist() for ids, mask in zip(b["input_ids"], b["attention_mask"])]  # noqa: E731
+
+    def run(data):
+        for b in data:
+            np.asarray(encoder.forward_batch(rows(b)).last_hidden_state)
+    return run
+
+
+def optional_engines(model_dir: Path, onnx_path: Path, work: Path, data) -> dict[str, tuple]:
+    """OpenVINO and CTranslate2 runners, for those that are installed."""
+    import importlib.util
+
+    engines = {}
+    if importlib.util.find_spec("openvino"):
+        engines["openvino_fp32"] = (openvino_runner(onnx_path), data)
+    if importlib.util.find_spec("ctranslate2"):
+        engines["ctranslate2_fp32"] = (ctranslate2_runner(model_dir, work), data)
+    return engines
 
 
 def timed_together(runs: dict[str, tuple], repeats: int) -> dict[str, float]:
@@ -169,6 +211,7 @@ def measure(repeats: int = 3, classifier: str | None = None) -> dict:
         "transformers_sdpa": (torch_runner(hf["sdpa"]), sorted_batches),
         "onnxruntime_fp32": (ort_runner(Path(onnx["onnx"])), sorted_batches),
         "onnxruntime_int8": (ort_runner(Path(onnx["int8"])), sorted_batches),
+        **optional_engines(Path(model_dir), Path(onnx["onnx"]), work, sorted_batches),
     }, repeats)
     result["sorted_sentences_per_s"] = {k: n / v for k, v in sorted_s.items()}
     best_hf = max(result["sorted_sentences_per_s"]["transformers_eager"], result["sorted_sentences_per_s"]["transformers_sdpa"])
@@ -179,6 +222,15 @@ def measure(repeats: int = 3, classifier: str | None = None) -> dict:
         "compiled_vs_best_transformers": result["sorted_sentences_per_s"]["bertforge_compiled"] / best_hf,
         "compiled_vs_onnxruntime_fp32": sorted_s["onnxruntime_fp32"] / sorted_s["bertforge_compiled"],
     }
+    engines = [k for k in ("onnxruntime_fp32", "openvino_fp32", "ctranslate2_fp32") if k in sorted_s]
+    best_engine = min(engines, key=lambda k: sorted_s[k])
+    ours_best = min(("bertforge", "bertforge_compiled"), key=lambda k: sorted_s[k])
+    result["sorted_ratios"].update({
+        "best_fp32_engine": best_engine,
+        "best_bertforge_fp32": ours_best,
+        "bertforge_best_vs_best_engine_fp32": sorted_s[best_engine] / sorted_s[ours_best],
+        "int8_vs_best_engine_fp32": sorted_s[best_engine] / sorted_s["onnxruntime_int8"],
+    })
     file_s = timed_together({
         "pipeline": (lambda data: embed(ours, tok, data, batch_size=32), texts),
         "pipeline_compiled": (lambda data: embed(compiled, tok, data, batch_size=32), texts),

@@ -33,16 +33,16 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
                 joint: bool = False, aggregation: str = "first", pooling: str | None = None,
                 normalize: bool | None = None, against: list[str] | None = None, batch_size: int = 32,
                 null_threshold: float | None = None, progress: bool = False,
-                compile: bool = False) -> Iterator[dict]:
-    from . import pipelines
+                backend: str = "torch") -> Iterator[dict]:
+    from . import backends, pipelines
     from .tokenizer import Tokenizer
 
     if task not in TASKS:
         raise InputError(f"unknown task {task!r}; use one of {', '.join(TASKS)}")
-    model = load_for(task, model_dir)
+    if backend not in backends.BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; use one of {', '.join(backends.BACKENDS)}")
+    model = backends.load(load_for(task, model_dir), backend)
     tokenizer = Tokenizer.from_pretrained(model_dir)
-    if compile:
-        pipelines.compile_for_inference(model)
 
     if task == "qa":
         items = [i if isinstance(i, dict) else {} for i in inputs]

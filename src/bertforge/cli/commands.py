@@ -200,7 +200,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
             pooling: Literal["mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken",
                              "pooler"] | None = None,
             normalize: bool = False, against: str | None = None, null_threshold: float | None = None,
-            compile: bool = False) -> None:
+            backend: Literal["torch", "compiled", "onnx", "onnx-int8"] = "torch") -> None:
     """Run a model on texts: fill-mask, classify, ner, qa, embed, similarity.
 
     Inputs are the TEXTS given, a file (--input: one per line, or JSONL objects such as
@@ -221,7 +221,8 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
         normalize: embed: L2-normalise the vectors
         against: similarity: file of candidates; print the --top-k matches of each input
         null_threshold: qa (SQuAD v2 models): answer '' above this null margin
-        compile: torch.compile the encoder first (a one-off ~20 s; faster after, for large inputs)
+        backend: torch (eager), compiled (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime,
+            exported and checked against PyTorch at start-up)
     """
     from ..pipelines import read_inputs
     from ..predict import run_predict
@@ -232,7 +233,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
     for row in run_predict(task, model, inputs, top_k=top_k, targets=targets.split(",") if targets else None,
                            joint=joint, aggregation=aggregation, pooling=pooling, normalize=True if normalize else None,
                            against=candidates, batch_size=batch_size, null_threshold=null_threshold,
-                           progress=bool(input) and sys.stderr.isatty(), compile=compile):
+                           progress=bool(input) and sys.stderr.isatty(), backend=backend):
         print(jsonlib.dumps(row, ensure_ascii=False), flush=True)
 
 
@@ -240,7 +241,8 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
 def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = 1_000_000,
           max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 0.0, max_batch_tokens: int = 16_384,
           max_concurrent_requests: int = 512, api_key: str | None = None,
-          served_model_name: str | None = None) -> None:
+          served_model_name: str | None = None,
+          backend: Literal["torch", "compiled", "onnx", "onnx-int8"] = "torch") -> None:
     """Serve a model over HTTP: bertforge's, TEI's and OpenAI's APIs, rerank, metrics.
 
     Endpoints: /embed, /fill-mask, /classify, /ner, /qa (bertforge's {"texts"}); /embed with
@@ -263,6 +265,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         max_concurrent_requests: requests in flight; one more gets 429 at once
         api_key: require 'Authorization: Bearer KEY' on every endpoint but /health and the API docs
         served_model_name: the name /v1/embeddings and /info use (default: the directory's name)
+        backend: torch (eager), compiled (TorchInductor), onnx or onnx-int8 (ONNX Runtime, checked against
+            PyTorch at start-up)
     """
     import os
 
@@ -275,7 +279,7 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
                                          batch_wait_ms=batch_wait_ms, max_batch_tokens=max_batch_tokens,
                                          max_concurrent_requests=max_concurrent_requests,
                                          api_key=api_key or os.environ.get("BERTFORGE_API_KEY") or None,
-                                         served_model_name=served_model_name))
+                                         served_model_name=served_model_name, backend=backend))
 
 
 @command(app, "attention")

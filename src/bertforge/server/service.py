@@ -31,6 +31,7 @@ class Limits:
     max_concurrent_requests: int = 512
     api_key: str | None = None
     served_model_name: str | None = None
+    backend: str = "torch"
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens < 512:
@@ -55,7 +56,9 @@ class Service:
 
         self.model_dir, self.limits = model_dir, limits
         self.architecture = architecture_of(model_dir)
-        self.model = head_info(self.architecture).cls.from_pretrained(model_dir).eval()
+        from ..backends import load
+
+        self.model = load(head_info(self.architecture).cls.from_pretrained(model_dir), limits.backend)
         self.config = self.model.config
         self.tokenizer = Tokenizer.from_pretrained(model_dir)
         self.counter = Tokenizer.from_pretrained(model_dir)
@@ -158,5 +161,5 @@ class Service:
                 "architecture": self.architecture, "max_concurrent_requests": self.limits.max_concurrent_requests,
                 "max_input_length": self.config.max_position_embeddings,
                 "max_batch_tokens": self.limits.max_batch_tokens, "max_client_batch_size": self.limits.max_texts,
-                "tokenization_workers": 1, "version": __version__, "backend": "torch",
+                "tokenization_workers": 1, "version": __version__, "backend": self.limits.backend,
                 "endpoints": sorted(f"/{n}" for n in self.tasks)}

@@ -1,0 +1,112 @@
+"""Inference backends: the same model run by PyTorch, the compiled encoder, or ONNX Runtime.
+
+- `torch`: eager PyTorch (the default: no start-up cost, and the fastest fp32 path measured for
+  one-at-a-time and small batches; see docs/serving.md);
+- `compiled`: the encoder through TorchInductor with frozen weights (`compile_for_inference`);
+  a one-off compile of ~20 s;
+- `onnx`: the model exported to ONNX at start-up and run by ONNX Runtime; the export is checked
+  against PyTorch within 1e-4 before it is used;
+- `onnx-int8`: the same graph with dynamically quantised int8 weights (per output channel); its
+  accuracy change is measured, not assumed (about -0.5 points on SST-2, docs/results.md).
+
+`load(model, backend)` returns something the pipelines call exactly as they call a model:
+`model(input_ids=..., token_type_ids=..., attention_mask=...)` gives an object with the head's
+outputs by name, and everything else (`config`, `problem_type()`, the device) comes from the
+PyTorch model it wraps.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from .errors import InputError
+
+BACKENDS = ("torch", "compiled", "onnx", "onnx-int8")
+log = logging.getLogger("bertforge")
+
+
+def _workdir() -> Path:
+    """A private folder for this process's exports, removed at exit: nothing is written into the
+    user's checkpoint directory."""
+    path = Path(tempfile.mkdtemp(prefix="bertforge-onnx-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+class OnnxModel:
+    """A bertforge model whose forward pass runs in ONNX Runtime.
+
+    Calls return the head's outputs by their names (`logits`, `start_logits`, `last_hidden_state`,
+    ...) as float32 tensors; attribute lookups fall through to the PyTorch model. `.bert`, which
+    the embedding pipeline uses, is the backbone exported the same way, on first use.
+    """
+
+    def __init__(self, model: torch.nn.Module, int8: bool, workdir: Path | None = None) -> None:
+        import onnxruntime as ort
+
+        from .export import _names, export_model
+
+        self._model = model.eval()
+        self._int8 = int8
+        self._workdir = workdir or _workdir()
+        self._backbone: OnnxModel | None = None
+        path = self._workdir / f"{model.hf_architecture}.onnx"
+        report = export_model(model, path, int8=int8)
+        kind = "int8" if int8 else "fp32"
+        log.info("%s exported to ONNX; ONNX Runtime (%s) differs from PyTorch by at most %.2e on a check batch",
+                 model.hf_architecture, kind, report[f"max_abs_diff_{kind}"])
+        self.check_difference = report[f"max_abs_diff_{kind}"]
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        graph = report["int8"] if int8 else report["onnx"]
+        self._session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        self._names = _names(model)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "bert" and hasattr(self._model, "bert"):
+            if self._backbone is None:
+                self._backbone = OnnxModel(self._model.bert, self._int8, self._workdir)
+            return self._backbone
+        return getattr(self._model, name)
+
+    def eval(self) -> "OnnxModel":
+        return self
+
+    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, **unused: Any) -> SimpleNamespace:
+        """input_ids, token_type_ids, attention_mask: long [B, T] -> the head's outputs by name."""
+        if unused.get("position_ids") is not None or unused.get("output_attentions"):
+            raise InputError("the ONNX backends take padded batches only (no packed rows, no attention maps)")
+        feeds = {"input_ids": input_ids.cpu().numpy(),
+                 "token_type_ids": (token_type_ids if token_type_ids is not None
+                                    else torch.zeros_like(input_ids)).cpu().numpy(),
+                 "attention_mask": (attention_mask if attention_mask is not None
+                                    else torch.ones_like(input_ids)).cpu().numpy()}
+        outputs = self._session.run(None, feeds)
+        named = {"hidden_states": None, "attentions": None, "pooler_output": None}
+        named.update((n, torch.from_numpy(o)) for n, o in zip(self._names, outputs))
+        return SimpleNamespace(**named)
+
+
+def load(model: torch.nn.Module, backend: str) -> Any:
+    """`model` ready to run on `backend` (see the module docstring)."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "torch":
+        return model.eval()
+    if backend == "compiled":
+        from .pipelines import compile_for_inference
+
+        return compile_for_inference(model.eval())
+    from .errors import require
+
+    require("export", "onnx", "onnxruntime", "onnxscript", what=f"--backend {backend}")
+    return OnnxModel(model, int8=backend == "onnx-int8")
