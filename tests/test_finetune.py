@@ -136,10 +136,7 @@ def test_finetune_classify_end_to_end(tmp_path, tiny_checkpoint):
 def test_finetune_eval_every_config_file_and_exact_resume(tmp_path, tiny_checkpoint):
     """--eval-every, settings from a YAML file (flags win), and a SIGKILLed run resumed with --resume
     that exports bitwise the same selected model as an uninterrupted run."""
-    import random
-    import signal
-    import time
-
+    from kill_utils import kill_after_checkpoint
     from safetensors.torch import load_file
 
     train = slice_file(shared("glue", "RTE", "train.tsv"), tmp_path / "train.tsv", 129)
@@ -160,17 +157,8 @@ def test_finetune_eval_every_config_file_and_exact_resume(tmp_path, tiny_checkpo
     assert not (whole / "checkpoints").exists() and not (whole / "best").exists()
 
     killed = tmp_path / "killed"
-    args = [sys.executable, "-m", "bertforge", "finetune", "classify", "--config", str(config), "--seed", "3",
-            "--out", str(killed)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    deadline = time.time() + 300
-    while not list((killed / "checkpoints").glob("step-0000001*")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    time.sleep(random.Random(2).uniform(0.0, 0.3))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed; make it longer"
+    kill_after_checkpoint(["finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(killed)],
+                          killed / "checkpoints", "step-0000001*", seed=2, max_delay=0.3)
     resumed = run("finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(killed), "--resume",
                   "--json")
     assert resumed.returncode == 0, resumed.stderr

@@ -187,3 +187,53 @@ def test_training_steps_match_the_torch_trainer(tmp_path):
     assert worst <= 1e-4, worst
     moved = max(float((final[k] - v).abs().max()) for k, v in start.items())
     assert moved > 1e-3  # both really trained: the weights moved far more than they differ
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    from corpus_utils import write_corpus
+
+    corpus = write_corpus(tmp_path_factory.mktemp("jcorpus") / "corpus.txt", n_docs=160, seed=7)
+    tok = tmp_path_factory.mktemp("jtok")
+    Tokenizer.train([corpus], vocab_size=400, min_frequency=1).save(tok)
+    return corpus, tok
+
+
+def test_pretrain_backend_jax_end_to_end_and_exact_resume(tmp_path, small_corpus):
+    """`bertforge pretrain --backend jax`: the torch run's outputs and an export transformers loads;
+    killed with SIGKILL and resumed, it ends with bitwise the weights of an uninterrupted run
+    (JAX on CPU is deterministic for a fixed program and shapes, and every batch is padded to
+    --seq-len, so the program never changes)."""
+    import json
+
+    from kill_utils import kill_after_checkpoint
+    from safetensors.torch import load_file
+    from test_pretrain_run import base_args, cli
+
+    corpus, tok = small_corpus
+    steps = ["--backend", "jax", "--max-steps", "40", "--save-every", "2", "--eval-every", "20", "--json"]
+    whole = tmp_path / "whole"
+    result = cli(*base_args(corpus, tok, whole, *steps))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 40 and {"mlm_loss", "mlm_acc", "nsp_acc"} <= set(summary["eval"])
+    for name in ("config.json", "model.safetensors", "vocab.txt", "metrics.jsonl", "curves.png", "run_config.json"):
+        assert (whole / name).exists(), name
+    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert {"loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "tokens_per_s"} <= set(rows[0])
+    transformers = pytest.importorskip("transformers")
+    _, info = transformers.BertForPreTraining.from_pretrained(whole, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+    killed = tmp_path / "killed"
+    kill_after_checkpoint(["pretrain", *base_args(corpus, tok, killed, *steps)], killed / "checkpoints", "step-*",
+                          seed=4, max_delay=0.2, OMP_NUM_THREADS="1")
+    resumed = cli(*base_args(corpus, tok, killed, *steps, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(killed / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows_b = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("loss")) for r in rows] == [(r["step"], r.get("loss")) for r in rows_b]
+    # What the JAX loop does not do is refused, by name.
+    refused = cli(*base_args(corpus, tok, tmp_path / "x", "--backend", "jax", "--pack", "--max-steps", "2"))
+    assert refused.returncode == 2 and "pack (--pack) True is not available with --backend jax" in refused.stderr

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from bertforge.pretrain import PretrainConfig, run_pretrain
 from bertforge.tasks.pretraining import PretrainingTask
 
 from corpus_utils import write_corpus
+from kill_utils import kill_after_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -80,16 +78,8 @@ def test_exact_resume_after_sigkill(tmp_path, corpus, tokenizer_dir):
     assert cli(*base_args(corpus, tokenizer_dir, whole, *steps)).returncode == 0
 
     killed = tmp_path / "killed"
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "pretrain", *base_args(corpus, tokenizer_dir, killed, *steps)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 300
-    while not any((killed / "checkpoints").glob("step-*")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    time.sleep(random.Random(1).uniform(0.0, 0.6))  # somewhere in the middle of training or of a save
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed; make it longer"
+    kill_after_checkpoint(["pretrain", *base_args(corpus, tokenizer_dir, killed, *steps)], killed / "checkpoints",
+                          "step-*", seed=1, max_delay=0.6, OMP_NUM_THREADS="1")
     resumed = cli(*base_args(corpus, tokenizer_dir, killed, *steps, "--resume"))
     assert resumed.returncode == 0, resumed.stderr
 

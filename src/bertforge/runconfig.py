@@ -230,6 +230,7 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
     eval_fraction: float = setting(0.01, "documents held out for evaluation (at least 2, at most 1000)")
     eval_batches: int = setting(20, "held-out batches per evaluation")
     demo: bool | None = setting(None, "end with fill-mask on a few sentences (default: for the embedded corpus)")
+    backend: str = setting("torch", "torch, or jax (Flax NNX; pip install \"bertforge[jax]\")")
     out: str = setting("bertforge-pretrain", "output directory")
     lr: float | None = setting(None, "peak learning rate (default 1e-4; 1e-3 for the embedded corpus)")
     eval_every: int | None = setting(None, "steps between evaluations (default: at the end only; 100 for the "
@@ -263,6 +264,13 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
             raise ConfigError(f"{flag('eval_fraction')} must lie in (0, 1)")
         if self.eval_batches < 1:
             raise ConfigError(f"{flag('eval_batches')} must be at least 1")
+        if self.backend not in ("torch", "jax"):
+            raise ConfigError(f"{flag('backend')} must be torch or jax, not {self.backend!r}")
+        if self.backend == "jax":  # what the JAX loop does not do (yet): refused, never ignored
+            for name, torch_only in (("optimizer", self.optimizer != "adamw"), ("precision", self.precision != "fp32"),
+                                     ("compile", self.compile), ("pack", self.pack)):
+                if torch_only:
+                    raise ConfigError(f"{flag(name)} {getattr(self, name)} is not available with --backend jax")
 
 
 TASKS = ("classify", "regress", "ner", "qa")

@@ -14,7 +14,7 @@ import inspect
 import math
 import types
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING
 from typing import Annotated, Any, Callable, Literal
 
 import docstring_parser

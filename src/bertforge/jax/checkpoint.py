@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from ..errors import CheckpointError
-from .model import MODELS
+from .model import MODELS, seeded
 
 
 def _torch_class(architecture: str):
@@ -89,7 +89,7 @@ def from_pretrained(path: str | Path, architecture: str | None = None) -> nnx.Mo
     if architecture not in MODELS:
         raise CheckpointError(f"{path}: {architecture} has no JAX model yet; JAX has {', '.join(MODELS)}")
     torch_model = _torch_class(architecture).from_pretrained(path)
-    model = MODELS[architecture](torch_model.config, nnx.Rngs(0))
+    model = MODELS[architecture](torch_model.config, seeded(0))
     load_torch_state(model, torch_model.state_dict())
     model.eval()  # as transformers' from_pretrained: dropout off until `model.train()`
     return model

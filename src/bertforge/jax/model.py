@@ -23,6 +23,12 @@ from ..config import HIDDEN_ACT, BertConfig
 from ..constants import IGNORE_INDEX
 
 
+def seeded(seed: int) -> nnx.Rngs:
+    """Random streams for a model: `params` for the initial weights, `dropout` for dropout masks.
+    A stream of its own for dropout is what lets the training loop reseed it per step."""
+    return nnx.Rngs(params=seed, dropout=seed)
+
+
 def activation(name: str):
     """The feed-forward non-linearity named by `config.hidden_act` (the torch side's aliases)."""
     kind = HIDDEN_ACT.get(name)
@@ -145,7 +151,7 @@ class BertModel(nnx.Module):
     hf_architecture = "BertModel"
 
     def __init__(self, config: BertConfig, rngs: nnx.Rngs | None = None, add_pooling_layer: bool = True) -> None:
-        rngs = rngs or nnx.Rngs(0)
+        rngs = rngs or seeded(0)
         self.config = config
         self.embeddings = Embeddings(config, rngs)
         self.layers = nnx.List([BertLayer(config, rngs) for _ in range(config.num_hidden_layers)])
@@ -223,7 +229,7 @@ class BertForPreTraining(nnx.Module):
     hf_architecture = "BertForPreTraining"
 
     def __init__(self, config: BertConfig, rngs: nnx.Rngs | None = None) -> None:
-        rngs = rngs or nnx.Rngs(0)
+        rngs = rngs or seeded(0)
         self.config = config
         self.bert = BertModel(config, rngs)
         self.mlm = MaskedLMHead(config, rngs)
@@ -247,7 +253,7 @@ class BertForMaskedLM(nnx.Module):
     hf_architecture = "BertForMaskedLM"
 
     def __init__(self, config: BertConfig, rngs: nnx.Rngs | None = None) -> None:
-        rngs = rngs or nnx.Rngs(0)
+        rngs = rngs or seeded(0)
         self.config = config
         self.bert = BertModel(config, rngs, add_pooling_layer=False)
         self.mlm = MaskedLMHead(config, rngs)
@@ -265,7 +271,7 @@ class BertForSequenceClassification(nnx.Module):
     hf_architecture = "BertForSequenceClassification"
 
     def __init__(self, config: BertConfig, rngs: nnx.Rngs | None = None) -> None:
-        rngs = rngs or nnx.Rngs(0)
+        rngs = rngs or seeded(0)
         self.config = config
         self.bert = BertModel(config, rngs)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
