@@ -237,3 +237,22 @@ def test_pretrain_backend_jax_end_to_end_and_exact_resume(tmp_path, small_corpus
     # What the JAX loop does not do is refused, by name.
     refused = cli(*base_args(corpus, tok, tmp_path / "x", "--backend", "jax", "--pack", "--max-steps", "2"))
     assert refused.returncode == 2 and "pack (--pack) True is not available with --backend jax" in refused.stderr
+
+
+def test_projecting_only_the_masked_positions_gives_the_same_loss():
+    """`max_predictions`: the vocabulary projection on k gathered positions per row gives the loss
+    of the projection on every position."""
+    config = BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = bjax.model.BertForPreTraining(config, bjax.model.seeded(2))
+    model.eval()
+    rng = np.random.default_rng(8)
+    ids = jnp.asarray(rng.integers(5, TINY["vocab_size"], (3, 20)))
+    labels = np.full((3, 20), -100)
+    for row, count in enumerate((3, 0, 5)):  # rows with different numbers of predictions, one with none
+        where = rng.choice(20, count, replace=False)
+        labels[row, where] = np.asarray(ids)[row, where]
+    full = model(ids, labels=jnp.asarray(labels))
+    model.max_predictions = 5
+    gathered = model(ids, labels=jnp.asarray(labels))
+    assert gathered.logits.shape == (3, 5, TINY["vocab_size"])
+    assert abs(float(full.mlm_loss) - float(gathered.mlm_loss)) <= 1e-6

@@ -150,6 +150,8 @@ def _fit_jax(cfg: PretrainConfig, model: torch.nn.Module, task, run_info: dict, 
 
     jmodel = MODELS[model.hf_architecture](model.config, seeded(cfg.seed))
     load_torch_state(jmodel, model.state_dict())
+    # As many vocabulary projections per row as the collator can mask (its cap), not seq_len.
+    jmodel.max_predictions = task.collator.cap
     trainer = JaxTrainer(jmodel, model, task, TrainConfig.of(cfg), {**run_info, "backend": "jax"}, cfg.seq_len, pad_id)
     summary = trainer.fit(resume=cfg.resume)
     model.load_state_dict(torch_state(jmodel, model))

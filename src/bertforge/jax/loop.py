@@ -103,6 +103,11 @@ class JaxTrainer:
     def _micro_batches(self) -> dict[str, jax.Array]:
         batches = [_pad(self.task.micro_batch(self.state["epoch"], self.state["position"] + a), self.seq_len,
                         self.pad_id) for a in range(self.config.grad_accum)]
+        k = getattr(self.model, "max_predictions", None)
+        most = max(int((b["labels"] != IGNORE_INDEX).sum(1).max()) for b in batches)
+        if k is not None and most > k:  # the model would drop predictions: refuse, never train on less
+            raise BertforgeError(f"a batch has {most} masked tokens in one row, more than the {k} the JAX step "
+                                 "projects; raise --max-predictions")
         return {k: jnp.stack([jnp.asarray(b[k]) for b in batches]) for k in batches[0]}
 
     def _advance(self) -> bool:

@@ -203,6 +203,24 @@ def masked_lm_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(keep, nll, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
 
 
+def masked_lm(head: "MaskedLMHead", hidden: jax.Array, word_embeddings: jax.Array, labels: jax.Array | None,
+              max_predictions: int | None) -> tuple[jax.Array, jax.Array | None]:
+    """MLM logits and loss. Without labels: logits [B, T, V]. With labels and `max_predictions` k
+    (google-research/bert's max_predictions_per_seq), only k positions per row reach the vocabulary
+    projection: the labelled ones, in order, then unlabelled filler (label -100): logits [B, k, V].
+    The shapes stay fixed, so it jits once, and the V-wide projection runs on k rows, not T; the
+    caller must ensure no row has more than k labels (the JAX loop checks every batch)."""
+    if labels is None:
+        return head(hidden, word_embeddings), None
+    if max_predictions is None or max_predictions >= hidden.shape[1]:
+        logits = head(hidden, word_embeddings)
+        return logits, masked_lm_loss(logits, labels)
+    order = jnp.argsort(labels == IGNORE_INDEX, axis=1, stable=True)[:, :max_predictions]  # labelled first
+    picked = jnp.take_along_axis(hidden, order[..., None], axis=1)  # (B, k, H)
+    logits = head(picked, word_embeddings)  # (B, k, V)
+    return logits, masked_lm_loss(logits, jnp.take_along_axis(labels, order, axis=1))
+
+
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return masked_lm_loss(logits, labels)
 
@@ -221,9 +239,9 @@ class HeadOutput:
 class BertForPreTraining(nnx.Module):
     """Masked-LM and next-sentence prediction on the backbone, losses summed.
 
-    MLM logits are computed at every position (float [B, T, V]) so the step has one shape and
-    jits once; the loss counts only labelled positions, so it equals the torch side's, which
-    gathers those positions first.
+    The loss counts only labelled positions, so it equals the torch side's. With
+    `max_predictions` set, only that many positions per row are projected onto the vocabulary
+    (see `masked_lm`); otherwise every position is, float [B, T, V].
     """
 
     hf_architecture = "BertForPreTraining"
@@ -234,14 +252,15 @@ class BertForPreTraining(nnx.Module):
         self.bert = BertModel(config, rngs)
         self.mlm = MaskedLMHead(config, rngs)
         self.nsp = linear(config.hidden_size, 2, config, rngs)
+        self.max_predictions: int | None = None  # see `masked_lm`
 
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array | None = None,
                  attention_mask: jax.Array | None = None, labels: jax.Array | None = None,
                  next_sentence_label: jax.Array | None = None) -> HeadOutput:
         out = self.bert(input_ids, token_type_ids, attention_mask)
-        logits = self.mlm(out.last_hidden_state, self.bert.embeddings.word.embedding[...])
+        logits, mlm_loss = masked_lm(self.mlm, out.last_hidden_state, self.bert.embeddings.word.embedding[...],
+                                     labels, self.max_predictions)
         nsp_logits = self.nsp(out.pooler_output)
-        mlm_loss = masked_lm_loss(logits, labels) if labels is not None else None
         nsp_loss = cross_entropy(nsp_logits, next_sentence_label) if next_sentence_label is not None else None
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
         return HeadOutput(sum(losses) if losses else None, logits, nsp_logits, mlm_loss, nsp_loss)
@@ -257,12 +276,14 @@ class BertForMaskedLM(nnx.Module):
         self.config = config
         self.bert = BertModel(config, rngs, add_pooling_layer=False)
         self.mlm = MaskedLMHead(config, rngs)
+        self.max_predictions: int | None = None  # see `masked_lm`
 
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array | None = None,
                  attention_mask: jax.Array | None = None, labels: jax.Array | None = None) -> HeadOutput:
         out = self.bert(input_ids, token_type_ids, attention_mask)
-        logits = self.mlm(out.last_hidden_state, self.bert.embeddings.word.embedding[...])
-        return HeadOutput(masked_lm_loss(logits, labels) if labels is not None else None, logits)
+        logits, loss = masked_lm(self.mlm, out.last_hidden_state, self.bert.embeddings.word.embedding[...], labels,
+                                 self.max_predictions)
+        return HeadOutput(loss, logits)
 
 
 class BertForSequenceClassification(nnx.Module):
