@@ -52,6 +52,7 @@ def pretraining(size: str, steps: int, batch_size: int) -> dict:
     from_hf_state_dict(ours, hf.state_dict())
     jmodel = bjax.model.BertForPreTraining(config, bjax.model.seeded(0))
     load_torch_state(jmodel, ours.state_dict())
+    jmodel.max_predictions = collator.cap  # as `pretrain --backend jax` sets it
     jmodel.train()
     optimizers = {"bertforge": torch.optim.AdamW(ours.parameters(), lr=1e-4),
                   "transformers": torch.optim.AdamW(hf.parameters(), lr=1e-4)}
