@@ -7,7 +7,10 @@
 - `onnx`: the model exported to ONNX at start-up and run by ONNX Runtime; the export is checked
   against PyTorch within 1e-4 before it is used;
 - `onnx-int8`: the same graph with dynamically quantised int8 weights (per output channel); its
-  accuracy change is measured, not assumed (about -0.5 points on SST-2, docs/results.md).
+  accuracy change is measured, not assumed (about -0.5 points on SST-2, docs/results.md);
+- `jax`: the Flax NNX model (`bertforge.jax`), jit-compiled per padded width (a multiple of 32
+  tokens, so a few shapes compile once each); for the heads JAX has (encoder, masked-LM,
+  pretraining, sequence classification).
 
 `load(model, backend)` returns something the pipelines call exactly as they call a model:
 `model(input_ids=..., token_type_ids=..., attention_mask=...)` gives an object with the head's
@@ -29,7 +32,7 @@ import torch
 
 from .errors import InputError
 
-BACKENDS = ("torch", "compiled", "onnx", "onnx-int8")
+BACKENDS = ("torch", "compiled", "onnx", "onnx-int8", "jax")
 log = logging.getLogger("bertforge")
 
 
@@ -96,12 +99,79 @@ class OnnxModel:
         return SimpleNamespace(**named)
 
 
+class JaxModel:
+    """A bertforge model whose forward pass runs in JAX (Flax NNX): the pipelines call it as the
+    torch model, get torch tensors back, and read everything else from the torch model."""
+
+    BUCKET = 32  # widths are padded to a multiple of this, so few shapes compile
+
+    def __init__(self, model: torch.nn.Module, backbone_only: bool = False) -> None:
+        import jax
+
+        from .jax.checkpoint import load_torch_state
+        from .jax.model import MODELS, seeded
+
+        architecture = "BertModel" if backbone_only else model.hf_architecture
+        if architecture not in MODELS:
+            raise InputError(f"--backend jax has no {architecture} yet; JAX has {', '.join(MODELS)}")
+        source = model.bert if backbone_only and hasattr(model, "bert") else model
+        self._model = source.eval()  # what attribute lookups fall through to
+        if architecture == "BertModel":  # a backbone built without its pooler stays without it
+            self._jax = MODELS[architecture](model.config, seeded(0), add_pooling_layer=source.pooler is not None)
+        else:
+            self._jax = MODELS[architecture](model.config, seeded(0))
+        load_torch_state(self._jax, source.state_dict())
+        self._jax.eval()
+        # The outputs as a dict: a pytree jit can return (the output dataclasses are not).
+        self._forward = jax.jit(lambda ids, types, mask: dict(vars(self._jax(ids, types, mask))))
+        self._backbone: JaxModel | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "bert" and hasattr(self._model, "bert"):
+            if self._backbone is None:
+                self._backbone = JaxModel(self._model, backbone_only=True)  # the whole model: it takes .bert
+            return self._backbone
+        return getattr(self._model, name)
+
+    def eval(self) -> "JaxModel":
+        return self
+
+    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, **unused: Any) -> SimpleNamespace:
+        """input_ids, token_type_ids, attention_mask: long [B, T] -> the outputs, trimmed back to T."""
+        import jax.numpy as jnp
+        import numpy as np
+
+        if unused.get("position_ids") is not None or unused.get("output_attentions"):
+            raise InputError("--backend jax takes padded batches only (no packed rows, no attention maps)")
+        T = input_ids.shape[1]
+        width = max(T, min(-(-T // self.BUCKET) * self.BUCKET, self._model.config.max_position_embeddings))
+
+        def padded(t: torch.Tensor | None, fill: int) -> Any:
+            t = torch.full_like(input_ids, fill) if t is None else t
+            return jnp.asarray(np.pad(t.cpu().numpy(), ((0, 0), (0, width - T))))
+
+        out = self._forward(padded(input_ids, 0), padded(token_type_ids, 0), padded(attention_mask, 1))
+        named = {"hidden_states": None, "attentions": None, "pooler_output": None}
+        for key in ("last_hidden_state", "pooler_output", "logits"):
+            value = out.get(key)
+            if value is not None:
+                value = torch.from_numpy(np.asarray(value))
+                named[key] = value[:, :T] if value.ndim == 3 else value
+        return SimpleNamespace(**named)
+
+
 def load(model: torch.nn.Module, backend: str) -> Any:
     """`model` ready to run on `backend` (see the module docstring)."""
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "torch":
         return model.eval()
+    if backend == "jax":
+        from .errors import require
+
+        require("jax", "jax", "flax", "optax", what="--backend jax")
+        return JaxModel(model)
     if backend == "compiled":
         from .pipelines import compile_for_inference
 
