@@ -28,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 from .errors import InputError
@@ -44,23 +45,63 @@ def _workdir() -> Path:
     return path
 
 
-class OnnxModel:
-    """A bertforge model whose forward pass runs in ONNX Runtime.
+class ForeignModel:
+    """A bertforge model whose forward pass another engine runs. The pipelines call it as the torch
+    model and get torch tensors back; every other attribute (`config`, `problem_type()`, the
+    device) falls through to the torch model. `.bert`, which the embedding and fill-mask
+    pipelines use, is the backbone run by the same engine, made on first use."""
 
-    Calls return the head's outputs by their names (`logits`, `start_logits`, `last_hidden_state`,
-    ...) as float32 tensors; attribute lookups fall through to the PyTorch model. `.bert`, which
-    the embedding pipeline uses, is the backbone exported the same way, on first use.
-    """
+    engine = "this backend"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = model.eval()
+        self._backbone: ForeignModel | None = None
+
+    def _backbone_of(self) -> "ForeignModel":
+        raise NotImplementedError
+
+    def _run(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """input_ids, token_type_ids, attention_mask: int64 numpy [B, T] -> outputs by name (numpy)."""
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "bert" and hasattr(self._model, "bert"):
+            if self._backbone is None:
+                self._backbone = self._backbone_of()
+            return self._backbone
+        return getattr(self._model, name)
+
+    def eval(self) -> "ForeignModel":
+        return self
+
+    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, **unused: Any) -> SimpleNamespace:
+        """input_ids, token_type_ids, attention_mask: long [B, T] -> the head's outputs by name."""
+        if unused.get("position_ids") is not None or unused.get("output_attentions"):
+            raise InputError(f"{self.engine} takes padded batches only (no packed rows, no attention maps)")
+        arrays = {"input_ids": input_ids.cpu().numpy(),
+                  "token_type_ids": (token_type_ids if token_type_ids is not None
+                                     else torch.zeros_like(input_ids)).cpu().numpy(),
+                  "attention_mask": (attention_mask if attention_mask is not None
+                                     else torch.ones_like(input_ids)).cpu().numpy()}
+        named: dict[str, Any] = {"hidden_states": None, "attentions": None, "pooler_output": None}
+        named.update((k, torch.from_numpy(np.asarray(v))) for k, v in self._run(arrays).items() if v is not None)
+        return SimpleNamespace(**named)
+
+
+class OnnxModel(ForeignModel):
+    """ONNX Runtime on the model exported (and checked within 1e-4) at start-up."""
+
+    engine = "the ONNX backends"
 
     def __init__(self, model: torch.nn.Module, int8: bool, workdir: Path | None = None) -> None:
         import onnxruntime as ort
 
         from .export import _names, export_model
 
-        self._model = model.eval()
+        super().__init__(model)
         self._int8 = int8
         self._workdir = workdir or _workdir()
-        self._backbone: OnnxModel | None = None
         path = self._workdir / f"{model.hf_architecture}.onnx"
         report = export_model(model, path, int8=int8)
         kind = "int8" if int8 else "fp32"
@@ -73,36 +114,17 @@ class OnnxModel:
         self._session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
         self._names = _names(model)
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "bert" and hasattr(self._model, "bert"):
-            if self._backbone is None:
-                self._backbone = OnnxModel(self._model.bert, self._int8, self._workdir)
-            return self._backbone
-        return getattr(self._model, name)
+    def _backbone_of(self) -> "OnnxModel":
+        return OnnxModel(self._model.bert, self._int8, self._workdir)
 
-    def eval(self) -> "OnnxModel":
-        return self
-
-    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                 attention_mask: torch.Tensor | None = None, **unused: Any) -> SimpleNamespace:
-        """input_ids, token_type_ids, attention_mask: long [B, T] -> the head's outputs by name."""
-        if unused.get("position_ids") is not None or unused.get("output_attentions"):
-            raise InputError("the ONNX backends take padded batches only (no packed rows, no attention maps)")
-        feeds = {"input_ids": input_ids.cpu().numpy(),
-                 "token_type_ids": (token_type_ids if token_type_ids is not None
-                                    else torch.zeros_like(input_ids)).cpu().numpy(),
-                 "attention_mask": (attention_mask if attention_mask is not None
-                                    else torch.ones_like(input_ids)).cpu().numpy()}
-        outputs = self._session.run(None, feeds)
-        named = {"hidden_states": None, "attentions": None, "pooler_output": None}
-        named.update((n, torch.from_numpy(o)) for n, o in zip(self._names, outputs))
-        return SimpleNamespace(**named)
+    def _run(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        return dict(zip(self._names, self._session.run(None, arrays)))
 
 
-class JaxModel:
-    """A bertforge model whose forward pass runs in JAX (Flax NNX): the pipelines call it as the
-    torch model, get torch tensors back, and read everything else from the torch model."""
+class JaxModel(ForeignModel):
+    """The Flax NNX model (`bertforge.jax`), jit-compiled per padded width."""
 
+    engine = "--backend jax"
     BUCKET = 32  # widths are padded to a multiple of this, so few shapes compile
 
     def __init__(self, model: torch.nn.Module, backbone_only: bool = False) -> None:
@@ -115,7 +137,8 @@ class JaxModel:
         if architecture not in MODELS:
             raise InputError(f"--backend jax has no {architecture} yet; JAX has {', '.join(MODELS)}")
         source = model.bert if backbone_only and hasattr(model, "bert") else model
-        self._model = source.eval()  # what attribute lookups fall through to
+        super().__init__(source)
+        self._whole = model
         if architecture == "BertModel":  # a backbone built without its pooler stays without it
             self._jax = MODELS[architecture](model.config, seeded(0), add_pooling_layer=source.pooler is not None)
         else:
@@ -124,41 +147,21 @@ class JaxModel:
         self._jax.eval()
         # The outputs as a dict: a pytree jit can return (the output dataclasses are not).
         self._forward = jax.jit(lambda ids, types, mask: dict(vars(self._jax(ids, types, mask))))
-        self._backbone: JaxModel | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "bert" and hasattr(self._model, "bert"):
-            if self._backbone is None:
-                self._backbone = JaxModel(self._model, backbone_only=True)  # the whole model: it takes .bert
-            return self._backbone
-        return getattr(self._model, name)
+    def _backbone_of(self) -> "JaxModel":
+        return JaxModel(self._whole, backbone_only=True)
 
-    def eval(self) -> "JaxModel":
-        return self
-
-    def __call__(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                 attention_mask: torch.Tensor | None = None, **unused: Any) -> SimpleNamespace:
-        """input_ids, token_type_ids, attention_mask: long [B, T] -> the outputs, trimmed back to T."""
+    def _run(self, arrays: dict[str, Any]) -> dict[str, Any]:
         import jax.numpy as jnp
-        import numpy as np
 
-        if unused.get("position_ids") is not None or unused.get("output_attentions"):
-            raise InputError("--backend jax takes padded batches only (no packed rows, no attention maps)")
-        T = input_ids.shape[1]
+        T = arrays["input_ids"].shape[1]
         width = max(T, min(-(-T // self.BUCKET) * self.BUCKET, self._model.config.max_position_embeddings))
-
-        def padded(t: torch.Tensor | None, fill: int) -> Any:
-            t = torch.full_like(input_ids, fill) if t is None else t
-            return jnp.asarray(np.pad(t.cpu().numpy(), ((0, 0), (0, width - T))))
-
-        out = self._forward(padded(input_ids, 0), padded(token_type_ids, 0), padded(attention_mask, 1))
-        named = {"hidden_states": None, "attentions": None, "pooler_output": None}
-        for key in ("last_hidden_state", "pooler_output", "logits"):
-            value = out.get(key)
-            if value is not None:
-                value = torch.from_numpy(np.asarray(value))
-                named[key] = value[:, :T] if value.ndim == 3 else value
-        return SimpleNamespace(**named)
+        padded = [jnp.asarray(np.pad(arrays[k], ((0, 0), (0, width - T))))
+                  for k in ("input_ids", "token_type_ids", "attention_mask")]
+        out = self._forward(*padded)
+        # Trim the padding off again: per-token outputs back to T.
+        return {k: (np.asarray(v)[:, :T] if np.ndim(v) == 3 else np.asarray(v))
+                for k, v in out.items() if v is not None and k in ("last_hidden_state", "pooler_output", "logits")}
 
 
 def load(model: torch.nn.Module, backend: str) -> Any:
