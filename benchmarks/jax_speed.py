@@ -50,7 +50,7 @@ def pretraining(size: str, steps: int, batch_size: int) -> dict:
                                                                     if k not in ("id2label", "label2id")},
                                                                  attn_implementation="sdpa")).train()
     from_hf_state_dict(ours, hf.state_dict())
-    jmodel = bjax.model.BertForPreTraining(config, bjax.model.seeded(0))
+    jmodel = bjax.bert.BertForPreTraining(config, bjax.bert.seeded(0))
     load_torch_state(jmodel, ours.state_dict())
     jmodel.max_predictions = collator.cap  # as `pretrain --backend jax` sets it
     jmodel.train()

@@ -59,7 +59,7 @@ def test_checkpoints_move_both_ways(tmp_path, name):
         return np.abs((a[real] if a.ndim == 3 else a) - (b[real] if b.ndim == 3 else b)).max() <= 1e-5
 
     # JAX -> disk -> torch and transformers
-    jmodel = bjax.model.MODELS[name](config, nnx.Rngs(7))
+    jmodel = bjax.bert.MODELS[name](config, nnx.Rngs(7))
     jmodel.eval()
     bjax.save_pretrained(jmodel, tmp_path / "from_jax")
     tmodel = torch_heads.HEADS[name].cls.from_pretrained(tmp_path / "from_jax").eval() if name != "BertModel" else \
@@ -87,7 +87,7 @@ def test_masked_lm_loss_counts_only_labelled_positions():
     config = BertConfig(**TINY)
     torch.manual_seed(0)
     tmodel = torch_heads.BertForPreTraining(config).eval()
-    jmodel = bjax.model.BertForPreTraining(config, nnx.Rngs(0))
+    jmodel = bjax.bert.BertForPreTraining(config, nnx.Rngs(0))
     bjax.checkpoint.load_torch_state(jmodel, tmodel.state_dict())
     jmodel.eval()
     rng = np.random.default_rng(3)
@@ -151,7 +151,7 @@ def test_training_steps_match_the_torch_trainer(tmp_path):
     config = BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     tmodel = torch_heads.BertForPreTraining(config)
-    jmodel = bjax.model.BertForPreTraining(config, nnx.Rngs(0))
+    jmodel = bjax.bert.BertForPreTraining(config, nnx.Rngs(0))
     bjax.checkpoint.load_torch_state(jmodel, tmodel.state_dict())
     start = {k: v.clone() for k, v in tmodel.state_dict().items()}
     rng = np.random.default_rng(5)
@@ -243,7 +243,7 @@ def test_projecting_only_the_masked_positions_gives_the_same_loss():
     """`max_predictions`: the vocabulary projection on k gathered positions per row gives the loss
     of the projection on every position."""
     config = BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    model = bjax.model.BertForPreTraining(config, bjax.model.seeded(2))
+    model = bjax.bert.BertForPreTraining(config, bjax.bert.seeded(2))
     model.eval()
     rng = np.random.default_rng(8)
     ids = jnp.asarray(rng.integers(5, TINY["vocab_size"], (3, 20)))

@@ -131,7 +131,7 @@ class JaxModel(ForeignModel):
         import jax
 
         from .jax.checkpoint import load_torch_state
-        from .jax.model import MODELS, seeded
+        from .jax.bert import MODELS, seeded
 
         architecture = "BertModel" if backbone_only else model.hf_architecture
         if architecture not in MODELS:

@@ -146,7 +146,7 @@ def _fit_jax(cfg: PretrainConfig, model: torch.nn.Module, task, run_info: dict, 
         raise BertforgeError("--backend jax runs in one process; launch it without torchrun")
     from .jax.checkpoint import load_torch_state, torch_state
     from .jax.loop import JaxTrainer
-    from .jax.model import MODELS, seeded
+    from .jax.bert import MODELS, seeded
 
     jmodel = MODELS[model.hf_architecture](model.config, seeded(cfg.seed))
     load_torch_state(jmodel, model.state_dict())

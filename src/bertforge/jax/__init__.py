@@ -8,9 +8,9 @@ Status: the encoder and the pretraining, masked-LM and classification heads, wit
 I/O both ways. The training step and `--backend jax` for the CLI are not built yet.
 """
 
+from .bert import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel, BertOutput,
+                   HeadOutput, masked_lm_loss)
 from .checkpoint import from_pretrained, save_pretrained
-from .model import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel, BertOutput,
-                    HeadOutput, masked_lm_loss)
 
 __all__ = ["from_pretrained", "save_pretrained", "BertModel", "BertForPreTraining", "BertForMaskedLM",
            "BertForSequenceClassification", "BertOutput", "HeadOutput", "masked_lm_loss"]

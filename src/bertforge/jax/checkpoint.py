@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from ..errors import CheckpointError
-from .model import MODELS, seeded
+from .bert import MODELS, seeded
 
 
 def _torch_class(architecture: str):
