@@ -54,6 +54,19 @@ def test_bad_duration_is_one_line(command):
     one_line_refusal(bertforge_cli(*command.split(), "--time-budget", "abc"), "--time-budget", "abc")
 
 
+@pytest.mark.parametrize("args, fragments", [
+    (["pretrain", "--lr", "nan"], ["--lr", "not a finite number"]),
+    (["finetune", "classify", "--bogus", "3"], ["No such option: --bogus"]),
+    (["inspect"], ["Missing argument 'PATH'"]),
+    (["predict", "clasify", "--model", "x"], ["'clasify' is not one of"]),
+    (["serve", "--model", "x", "--port", "eighty"], ["--port", "valid integer"]),
+])
+def test_usage_errors_are_one_line_naming_the_command(args, fragments):
+    result = bertforge_cli(*args)
+    one_line_refusal(result, *fragments)
+    assert result.stderr.startswith("bertforge " + args[0]) and f"(see bertforge {args[0]}" in result.stderr
+
+
 @pytest.mark.parametrize("model,task", [("classifier", "ner"), ("classifier", "qa"), ("classifier", "fill-mask"),
                                         ("tagger", "classify"), ("reader", "classify"), ("tagger", "qa")])
 def test_a_head_the_model_lacks_is_refused(checkpoints, model, task):
