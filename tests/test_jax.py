@@ -202,8 +202,8 @@ def small_corpus(tmp_path_factory):
 def test_pretrain_backend_jax_end_to_end_and_exact_resume(tmp_path, small_corpus):
     """`bertforge pretrain --backend jax`: the torch run's outputs and an export transformers loads;
     killed with SIGKILL and resumed, it ends with bitwise the weights of an uninterrupted run
-    (JAX on CPU is deterministic for a fixed program and shapes, and every batch is padded to
-    --seq-len, so the program never changes)."""
+    (JAX on CPU is deterministic for a fixed program and shapes, and a batch's shape is a function
+    of the batch: its width padded to a multiple of 32, so a resumed run runs the same programs)."""
     import json
 
     from kill_utils import kill_after_checkpoint
@@ -256,3 +256,85 @@ def test_projecting_only_the_masked_positions_gives_the_same_loss():
     gathered = model(ids, labels=jnp.asarray(labels))
     assert gathered.logits.shape == (3, 5, TINY["vocab_size"])
     assert abs(float(full.mlm_loss) - float(gathered.mlm_loss)) <= 1e-6
+
+
+def test_finetune_classify_backend_jax_selects_and_resumes_exactly(tmp_path, minilm_dir):
+    """`bertforge finetune classify --backend jax`: the torch loop's outputs (evaluations every
+    --eval-every steps, the best one selected and exported, an export transformers loads and
+    `bertforge evaluate` scores as reported), and bitwise the same export after a SIGKILL and --resume.
+    The last batch of an epoch is smaller: it is padded with rows the loss ignores."""
+    import json
+
+    from kill_utils import kill_after_checkpoint
+    from safetensors.torch import load_file
+    from test_finetune import run, slice_file
+
+    tiny = tmp_path / "tiny"
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    TorchBertModel(BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size)).save_pretrained(tiny, tokenizer=tok)
+    train = slice_file(shared("glue", "RTE", "train.tsv"), tmp_path / "train.tsv", 61)  # 60 rows: batches 8 x 7 + 4
+    dev = slice_file(shared("glue", "RTE", "dev.tsv"), tmp_path / "dev.tsv", 41)
+    args = ["finetune", "classify", "--backend", "jax", "--model", str(tiny), "--train", str(train), "--dev", str(dev),
+            "--batch-size", "8", "--lr", "1e-3", "--max-steps", "24", "--eval-every", "4", "--save-every", "2",
+            "--epochs", "100", "--seed", "3"]
+    whole = tmp_path / "whole"
+    result = run(*args, "--out", str(whole), "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval_accuracy" in r]
+    assert [r["step"] for r in evals] == [4, 8, 12, 16, 20, 24]
+    best = max(evals, key=lambda r: r["eval_accuracy"])  # the first of ties
+    assert summary["selected_step"] == best["step"] and summary["accuracy"] == best["eval_accuracy"]
+    assert rows[-1]["loss"] < rows[0]["loss"]  # it learns (the training set, at least)
+    transformers = pytest.importorskip("transformers")
+    _, info = transformers.BertForSequenceClassification.from_pretrained(whole, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    scored = run("evaluate", "classify", "--model", str(whole), "--data", str(dev), "--json")
+    assert json.loads(scored.stdout)["accuracy"] == pytest.approx(summary["accuracy"])  # the selected weights
+
+    killed = tmp_path / "killed"
+    kill_after_checkpoint([*args, "--out", str(killed)], killed / "checkpoints", "step-0000001*", seed=2,
+                          max_delay=0.3)
+    resumed = run(*args, "--out", str(killed), "--resume", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = load_file(whole / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # What JAX has no head for is refused, by name.
+    refused = run("finetune", "ner", "--backend", "jax", "--model", str(tiny), "--train", str(train), "--dev",
+                  str(dev), "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "backend (--backend) jax fine-tunes classify only, not ner" in refused.stderr
+
+
+def test_data_parallel_over_two_devices_takes_the_single_device_steps(tmp_path, small_corpus):
+    """With two JAX devices (two host CPU devices here; GPUs on a multi-GPU host) the loop
+    replicates the state and splits each batch over them: the same losses and weights as on one
+    device, to float round-off (only the order of the cross-device sums differs)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+    from test_pretrain_run import base_args
+
+    corpus, tok = small_corpus
+
+    def run(out, devices: int):
+        env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        args = base_args(corpus, tok, out, "--backend", "jax", "--max-steps", "8", "--eval-every", "8")
+        return subprocess.run([sys.executable, "-m", "bertforge", "pretrain", *args], capture_output=True, text=True,
+                              env=env, timeout=600)
+
+    one, two = run(tmp_path / "one", 1), run(tmp_path / "two", 2)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    assert "data parallel over 2 devices" in two.stdout and "data parallel" not in one.stdout
+    rows = [[json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("one", "two")]
+    assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(*rows) if "loss" in a) <= 1e-5
+    a, b = load_file(str(tmp_path / "one" / "model.safetensors")), load_file(str(tmp_path / "two" / "model.safetensors"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
+    # A batch that does not split over the devices is refused, by name.
+    bad = run(tmp_path / "bad", 3)
+    assert bad.returncode == 2 and "batch_size (--batch-size) 8 does not split over 3 JAX devices" in bad.stderr

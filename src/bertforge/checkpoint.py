@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,13 @@ def set_rng_state(saved: dict[str, Any]) -> None:
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer_state: dict[str, Any], keep_last: int = 2,
-                    best_weights: dict[str, torch.Tensor] | None = None) -> Path:
+def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], trainer_state: dict[str, Any],
+                    keep_last: int = 2, best_weights: dict[str, torch.Tensor] | None = None) -> Path:
     """Write checkpoint `step` atomically and prune older ones. Returns its directory.
 
-    `best_weights` (a state dict) is the model selected so far, saved as `best.safetensors`.
+    `write(folder)` puts the engine's files there (`torch_files` for the torch loop; the JAX loop
+    writes its own); `best_weights` (a torch state dict) is the model selected so far, saved as
+    `best.safetensors`; `trainer_state` goes to `trainer_state.json` with the RNG states.
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
@@ -72,11 +74,7 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: to
     if tmp.exists():
         shutil.rmtree(tmp)  # an earlier save of ours that was cut off
     tmp.mkdir()
-    model.save_pretrained(tmp)
-    tensors = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
-    torch.save(tensors, tmp / "training_state.pt")
+    write(tmp)
     if best_weights is not None:
         save_file({k: v.contiguous() for k, v in best_weights.items()}, tmp / "best.safetensors")
     state = dict(trainer_state, step=step, rng=rng_state())
@@ -89,14 +87,33 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: to
     return final
 
 
+def torch_files(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Path], None]:
+    """The torch loop's checkpoint files: the model (HF layout) and `training_state.pt`."""
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tensors = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
+        torch.save(tensors, folder / "training_state.pt")
+    return write
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """`trainer_state.json` of checkpoint `path`."""
+    try:
+        return json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({exc})") from None
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore model, optimizer and RNG states from `path`; returns the trainer state dict."""
     from .hf import from_hf_state_dict, read_weights
 
+    state = read_trainer_state(path)
     try:
-        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
         tensors = torch.load(path / "training_state.pt", map_location="cpu", weights_only=True)
-    except (OSError, json.JSONDecodeError, RuntimeError) as exc:
+    except (OSError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc})") from None
     report = from_hf_state_dict(model, read_weights(path / "model.safetensors"), source=str(path))
     if report.missing_keys:

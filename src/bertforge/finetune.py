@@ -26,7 +26,7 @@ from .runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS 
 from .runs import claim_output, report, save_run_config
 from .tasks import TASKS as TASK_BUILDERS
 from .tokenizer import Tokenizer
-from .train import Trainer
+from .train import make_trainer
 
 
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
@@ -54,7 +54,7 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
                                select_metric=task.main_metric, greater_is_better=task.greater_is_better)
     run_info = {"task": cfg.task, "model": cfg.model, "train": cfg.train, "seq_len": cfg.seq_len, "lr": cfg.lr,
                 "batch_size": cfg.batch_size, "seed": cfg.seed}
-    trainer = Trainer(model, task, train_cfg, run_info)
+    trainer = make_trainer(model, task, train_cfg, run_info, cfg.seq_len, tokenizer.pad_token_id)
     summary = trainer.fit(resume=cfg.resume and (out / "checkpoints").is_dir())
     trainer.restore_best()  # export the selected model, not the last one
     model.save_pretrained(out, tokenizer=tokenizer)
@@ -65,6 +65,8 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
     plot_curves(out / "metrics.jsonl", out / "curves.png", title=f"fine-tuning ({cfg.task})")
     results = {"task": cfg.task, "metric": task.main_metric, "selected_step": summary["best_step"],
                **(summary["best_metrics"] or summary["eval"]), "seconds": round(summary["elapsed"], 1)}
+    if summary.get("compile_seconds") is not None:  # --backend jax: the step's one-off compile, within seconds
+        results["compile_seconds"] = round(summary["compile_seconds"], 1)
     (out / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return results
 

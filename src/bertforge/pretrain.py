@@ -28,7 +28,7 @@ from .runconfig import PretrainConfig, TrainConfig
 from .runs import claim_output, report, save_run_config
 from .tasks.pretraining import build
 from .tokenizer import Tokenizer
-from .train import Trainer
+from .train import make_trainer
 
 EMBEDDED = "python-stdlib-docstrings"
 DEMO_SENTENCES = [
@@ -117,10 +117,10 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
               f"{n_train:,} documents for training, {n_eval:,} held out", flush=True)
         print(f"model: {model.num_parameters():,} parameters; objective {cfg.objective}; seq {cfg.seq_len}; "
               f"global batch {cfg.batch_size * cfg.grad_accum * dist.world_size()}", flush=True)
-    if cfg.backend == "jax":
-        summary = _fit_jax(cfg, model, task, run_info, tokenizer.pad_token_id)
-    else:
-        summary = Trainer(model, task, TrainConfig.of(cfg), run_info).fit(resume=cfg.resume)
+    summary = make_trainer(model, task, TrainConfig.of(cfg), run_info, cfg.seq_len,
+                           tokenizer.pad_token_id).fit(resume=cfg.resume)
+    if summary.get("compile_seconds") is not None:
+        print(f"jax: the step compiled in {summary['compile_seconds']:.1f} s", flush=True)
     if dist.is_main():
         model.save_pretrained(out, tokenizer=tokenizer)
         from .viz import plot_curves
@@ -134,28 +134,6 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
         if cfg.demo:
             _fill_mask_demo(model, tokenizer)
     dist.cleanup()
-    return summary
-
-
-def _fit_jax(cfg: PretrainConfig, model: torch.nn.Module, task, run_info: dict, pad_id: int) -> dict[str, Any]:
-    """The same run on the JAX loop; the trained weights end in `model`, for the one export path."""
-    from .errors import require
-
-    require("jax", "jax", "flax", "optax", what="--backend jax")
-    if dist.world_size() > 1:
-        raise BertforgeError("--backend jax runs in one process; launch it without torchrun")
-    from .jax.checkpoint import load_torch_state, torch_state
-    from .jax.loop import JaxTrainer
-    from .jax.bert import MODELS, seeded
-
-    jmodel = MODELS[model.hf_architecture](model.config, seeded(cfg.seed))
-    load_torch_state(jmodel, model.state_dict())
-    # As many vocabulary projections per row as the collator can mask (its cap), not seq_len.
-    jmodel.max_predictions = task.collator.cap
-    trainer = JaxTrainer(jmodel, model, task, TrainConfig.of(cfg), {**run_info, "backend": "jax"}, cfg.seq_len, pad_id)
-    summary = trainer.fit(resume=cfg.resume)
-    model.load_state_dict(torch_state(jmodel, model))
-    print(f"jax: the step compiled in {summary['compile_seconds']:.1f} s", flush=True)
     return summary
 
 

@@ -79,6 +79,7 @@ class LoopSettings:
     compile: bool = setting(False, "torch.compile the model")
     pack: bool = setting(False, "pack several examples per row (block-diagonal attention): same loss, fewer rows")
     seed: int = setting(0, "seed of every random choice: data order, masking, dropout, new weights")
+    backend: str = setting("torch", "torch, or jax (Flax NNX; pip install \"bertforge[jax]\")")
 
     def __post_init__(self) -> None:
         if isinstance(self.time_budget, str):  # a config file may say "30m"
@@ -97,6 +98,13 @@ class LoopSettings:
             raise ConfigError(f"{flag('optimizer')} must be adamw or lamb, not {self.optimizer!r}")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"{flag('precision')} must be fp32 or bf16, not {self.precision!r}")
+        if self.backend not in ("torch", "jax"):
+            raise ConfigError(f"{flag('backend')} must be torch or jax, not {self.backend!r}")
+        if self.backend == "jax":  # what the JAX engine does not do (yet): refused, never ignored
+            for name, torch_only in (("optimizer", self.optimizer != "adamw"), ("precision", self.precision != "fp32"),
+                                     ("compile", self.compile), ("pack", self.pack)):
+                if torch_only:
+                    raise ConfigError(f"{flag(name)} {getattr(self, name)} is not available with --backend jax")
         if self.pack and self.compile:
             raise ConfigError("pack (--pack) and compile (--compile) cannot be combined: packed rows are found "
                               "from the data, which a compiled graph cannot look at")
@@ -230,7 +238,6 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
     eval_fraction: float = setting(0.01, "documents held out for evaluation (at least 2, at most 1000)")
     eval_batches: int = setting(20, "held-out batches per evaluation")
     demo: bool | None = setting(None, "end with fill-mask on a few sentences (default: for the embedded corpus)")
-    backend: str = setting("torch", "torch, or jax (Flax NNX; pip install \"bertforge[jax]\")")
     out: str = setting("bertforge-pretrain", "output directory")
     lr: float | None = setting(None, "peak learning rate (default 1e-4; 1e-3 for the embedded corpus)")
     eval_every: int | None = setting(None, "steps between evaluations (default: at the end only; 100 for the "
@@ -264,13 +271,6 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
             raise ConfigError(f"{flag('eval_fraction')} must lie in (0, 1)")
         if self.eval_batches < 1:
             raise ConfigError(f"{flag('eval_batches')} must be at least 1")
-        if self.backend not in ("torch", "jax"):
-            raise ConfigError(f"{flag('backend')} must be torch or jax, not {self.backend!r}")
-        if self.backend == "jax":  # what the JAX loop does not do (yet): refused, never ignored
-            for name, torch_only in (("optimizer", self.optimizer != "adamw"), ("precision", self.precision != "fp32"),
-                                     ("compile", self.compile), ("pack", self.pack)):
-                if torch_only:
-                    raise ConfigError(f"{flag(name)} {getattr(self, name)} is not available with --backend jax")
 
 
 TASKS = ("classify", "regress", "ner", "qa")
@@ -308,6 +308,8 @@ class FinetuneConfig(TrainConfig):
         super().__post_init__()
         if self.task not in TASKS:
             raise ConfigError(f"unknown task {self.task!r}; use one of {', '.join(TASKS)}")
+        if self.backend == "jax" and self.task != "classify":  # JAX has the sequence-classification head only
+            raise ConfigError(f"{flag('backend')} jax fine-tunes classify only, not {self.task}")
         for name in ("model", "train", "dev"):
             if not getattr(self, name):
                 raise ConfigError(f"{flag(name)} is required")

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from . import distributed as dist
-from .checkpoint import latest_checkpoint, load_best_weights, load_checkpoint, save_checkpoint
+from .checkpoint import latest_checkpoint, load_best_weights, load_checkpoint, save_checkpoint, torch_files
 from .errors import BertforgeError
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
@@ -65,8 +65,10 @@ class Trainer:
         self.run_info = run_info or {}
         self.world = dist.world_size()
         self.rank = dist.rank()
-        self.optimizer = build_optimizer(self.model, config.optimizer, config.lr, config.weight_decay)
+        self.optimizer = self._make_optimizer()
         self.train_model = dist.wrap(torch.compile(self.model) if config.compile else self.model)
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if config.precision == "bf16" \
+            else contextlib.nullcontext
         self.metrics_file = self.out / "metrics.jsonl"
         self.checkpoints = self.out / "checkpoints"
         self.state: dict[str, Any] = {"epoch": 0, "position": 0, "horizon": None, "elapsed": 0.0,
@@ -101,7 +103,7 @@ class Trainer:
         path = latest_checkpoint(self.checkpoints)
         if path is None:
             raise BertforgeError(f"{self.checkpoints}: no checkpoint to resume from")
-        state = load_checkpoint(path, self.model, self.optimizer)
+        state = self._load_checkpoint(path)
         self.best_weights = load_best_weights(path)
         saved_run = state.get("run", {})
         differences = [k for k in sorted(set(saved_run) | set(self.run_info))
@@ -133,8 +135,6 @@ class Trainer:
                 "use more text or a smaller --batch-size")
         main = dist.is_main()
         bar = self._progress_bar(step) if main and c.progress else None
-        autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16) if c.precision == "bf16"
-                    else contextlib.nullcontext())
         window = _Window()
         last_eval: dict[str, float] = {}
         started = time.perf_counter() - self.state["elapsed"]
@@ -143,35 +143,11 @@ class Trainer:
         reported_at = time.perf_counter()
         stop_reason = None
         while stop_reason is None:
-            self.train_model.train()
-            for a in range(c.grad_accum):
-                index = self.state["position"] + a * self.world + self.rank
-                batch = {k: v.to(self.device) for k, v in self.task.micro_batch(self.state["epoch"], index).items()}
-                sync = (contextlib.nullcontext() if a == c.grad_accum - 1 or self.world == 1
-                        else self.train_model.no_sync())
-                with sync, autocast:
-                    loss, parts = self.task.loss(self.train_model, batch)
-                    (loss / c.grad_accum).backward()
-                window.add(loss, parts, int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0)
-
-            if not window.last_step_finite(c.grad_accum):
-                self.optimizer.zero_grad(set_to_none=True)
-                last = latest_checkpoint(self.checkpoints)
-                raise TrainingDiverged(
-                    f"loss became {window.last_value():.4g} at step {step + 1} (lr {c.lr * self._lr_factor(step):.3g}); "
-                    f"stopped without saving. Last good checkpoint: {last or 'none'}. "
-                    "Lower --lr, raise --warmup, or check the data.")
-            grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
-                         if c.max_grad_norm > 0 else _grad_norm(self.model))
-            lr = c.lr * self._lr_factor(step)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm, lr = self._optimizer_step(step, window)
             step += 1
             epoch_ended = self._advance_position()
             self.state["elapsed"] = time.perf_counter() - started
-            window.step_done(float(grad_norm), lr)
+            window.step_done(grad_norm, lr)
 
             if step == 10:
                 ten_steps_at = self.state["elapsed"]
@@ -226,6 +202,55 @@ class Trainer:
                 "best": self.state["best"], "best_step": self.state["best_step"],
                 "best_metrics": self.state.get("best_metrics")}
 
+    # ------------------------------------------------------------------ the engine
+    # What a backend supplies: the optimizer, one optimizer step, its checkpoint files, and the
+    # weights as a torch state dict. The JAX loop (`jax/loop.py`) overrides these and nothing else.
+    def _make_optimizer(self):
+        return build_optimizer(self.model, self.config.optimizer, self.config.lr, self.config.weight_decay)
+
+    def _optimizer_step(self, step: int, window: "_Window") -> tuple[float, float]:
+        """Optimizer step `step` (0-based): its micro-batches forward and backward, clipping, the
+        update. Adds each micro-batch's loss to `window`; returns (gradient norm, learning rate)."""
+        c = self.config
+        self.train_model.train()
+        for a in range(c.grad_accum):
+            index = self.state["position"] + a * self.world + self.rank
+            batch = {k: v.to(self.device) for k, v in self.task.micro_batch(self.state["epoch"], index).items()}
+            sync = (contextlib.nullcontext() if a == c.grad_accum - 1 or self.world == 1
+                    else self.train_model.no_sync())
+            with sync, self.autocast():
+                loss, parts = self.task.loss(self.train_model, batch)
+                (loss / c.grad_accum).backward()
+            window.add(loss, parts, int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0)
+        lr = c.lr * self._lr_factor(step)
+        if not window.last_step_finite(c.grad_accum):  # before the update: the model stays as it was
+            self.optimizer.zero_grad(set_to_none=True)
+            raise self._diverged(step, window.last_value(), lr)
+        grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+                     if c.max_grad_norm > 0 else _grad_norm(self.model))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm), lr
+
+    def _diverged(self, step: int, loss: float, lr: float) -> "TrainingDiverged":
+        last = latest_checkpoint(self.checkpoints)
+        return TrainingDiverged(f"loss became {loss:.4g} at step {step + 1} (lr {lr:.3g}); stopped without saving. "
+                                f"Last good checkpoint: {last or 'none'}. Lower --lr, raise --warmup, or check the data.")
+
+    def _checkpoint_files(self):
+        """`write(folder)` for `save_checkpoint`: the model and optimizer state."""
+        return torch_files(self.model, self.optimizer)
+
+    def _load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore the model and optimizer from checkpoint `path`; returns its trainer state."""
+        return load_checkpoint(path, self.model, self.optimizer)
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """The model's weights now, as a CPU torch state dict (a copy)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
     def restore_best(self) -> bool:
         """Put the best evaluation's weights back into the model; False when none was selected."""
         if self.best_weights is None:
@@ -253,7 +278,7 @@ class Trainer:
         best = self.state["best"]
         if best is None or (value > best if c.greater_is_better else value < best):
             self.state.update(best=value, best_step=step, stale_evals=0, best_metrics=dict(metrics))
-            self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.best_weights = self._weights()
             return False
         self.state["stale_evals"] += 1
         return c.patience is not None and self.state["stale_evals"] >= c.patience
@@ -288,7 +313,7 @@ class Trainer:
     def _save(self, step: int) -> None:
         if dist.is_main():
             state = dict(self.state, run=self.run_info, config=asdict(self.config))
-            save_checkpoint(self.checkpoints, step, self.model, self.optimizer, state, self.config.keep_last,
+            save_checkpoint(self.checkpoints, step, self._checkpoint_files(), state, self.config.keep_last,
                             best_weights=self.best_weights)
         dist.barrier()
 
@@ -301,6 +326,20 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=self.state["horizon"], initial=initial, unit="step", dynamic_ncols=True, desc="train")
+
+
+def make_trainer(model: torch.nn.Module, task: Task, config: TrainConfig, run_info: dict[str, Any],
+                 seq_len: int, pad_id: int) -> "Trainer":
+    """The loop for `config.backend`: the torch `Trainer`, or the same loop on JAX (`jax/loop.py`,
+    imported only then, so the torch path never loads JAX). seq_len and pad_id: how JAX pads."""
+    if config.backend == "jax":
+        from .errors import require
+
+        require("jax", "jax", "flax", "optax", what="--backend jax")
+        from .jax.loop import jax_trainer
+
+        return jax_trainer(model, task, config, run_info, seq_len, pad_id)
+    return Trainer(model, task, config, run_info)
 
 
 REPORT_EVERY_S = 30.0  # seconds between progress lines on stderr when no progress bar is shown
@@ -345,8 +384,9 @@ class _Window:
         self.started = time.perf_counter()
         self._step_losses: list[float] = []
 
-    def add(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], tokens: int) -> None:
-        value = float(loss.detach())
+    def add(self, loss: Any, parts: dict[str, Any], tokens: int) -> None:
+        """loss and parts: scalars (torch tensors, JAX or NumPy arrays, floats)."""
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self._step_losses.append(value)
         self.sums["loss"] = self.sums.get("loss", 0.0) + value
         for k, v in parts.items():
