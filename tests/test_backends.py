@@ -1,5 +1,6 @@
-"""`--backend`: the same answers from PyTorch eager, ONNX Runtime fp32 and JAX (within 1e-4), for
-every head's pipeline, through `predict` and through `serve`; int8 close to them."""
+"""`--backend`: the same answers from PyTorch eager, the fused path, ONNX Runtime fp32, OpenVINO and
+JAX (within 1e-4), for every head's pipeline, through `predict` and through `serve`; int8 close
+to them."""
 
 from __future__ import annotations
 
@@ -41,8 +42,10 @@ def numbers(rows, key: str) -> np.ndarray:
     ("fill-mask", "masked", "predictions", ["john lives in [MASK] ."]),
     ("embed", "masked", "embedding", SENTENCES),
 ])
-@pytest.mark.parametrize("backend", ["onnx", "jax"])
+@pytest.mark.parametrize("backend", ["fused", "onnx", "openvino", "jax"])
 def test_other_backends_give_the_torch_answers(checkpoints, task, model, key, inputs, backend):
+    if backend == "openvino":
+        pytest.importorskip("openvino")
     if backend == "jax":
         pytest.importorskip("flax")
         if task in ("ner", "qa"):  # JAX has no token-classification or QA model yet: refused by name

@@ -1,11 +1,18 @@
-"""Inference backends: the same model run by PyTorch, the compiled encoder, or ONNX Runtime.
+"""Inference backends: the same model run by PyTorch, oneDNN's fused kernels, the compiled
+encoder, ONNX Runtime or JAX.
 
-- `torch`: eager PyTorch (the default: no start-up cost, and the fastest fp32 path measured for
-  one-at-a-time and small batches; see docs/serving.md);
+- `torch`: eager PyTorch, the encoder exactly as `model.py` reads;
+- `fused`: the same modules with oneDNN doing more per call (`fused.py`: one QKV matmul,
+  pre-packed weights, GELU and residual adds fused into the matmuls, unpadding kept); equal to
+  `torch` up to summation order (tested within 1e-4), no start-up cost, and the fastest fp32
+  path measured here at every batch size (docs/serving.md), so it is the default where this
+  torch build has oneDNN;
 - `compiled`: the encoder through TorchInductor with frozen weights (`compile_for_inference`);
   a one-off compile of ~20 s;
 - `onnx`: the model exported to ONNX at start-up and run by ONNX Runtime; the export is checked
   against PyTorch within 1e-4 before it is used;
+- `openvino`: OpenVINO (fp32) on the same checked export, itself checked within 1e-4; the
+  fastest fp32 engine measured on an AVX-512 host (docs/serving.md);
 - `onnx-int8`: the same graph with dynamically quantised int8 weights (per output channel); its
   accuracy change is measured, not assumed (about -0.5 points on SST-2, docs/results.md);
 - `jax`: the Flax NNX model (`bertforge.jax`), jit-compiled per padded width (a multiple of 32
@@ -31,9 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .constants import INFERENCE_BACKENDS
 from .errors import InputError
 
-BACKENDS = ("torch", "compiled", "onnx", "onnx-int8", "jax")
+BACKENDS = INFERENCE_BACKENDS
+DEFAULT = BACKENDS[0]
 log = logging.getLogger("bertforge")
 
 
@@ -85,7 +94,10 @@ class ForeignModel:
                   "attention_mask": (attention_mask if attention_mask is not None
                                      else torch.ones_like(input_ids)).cpu().numpy()}
         named: dict[str, Any] = {"hidden_states": None, "attentions": None, "pooler_output": None}
-        named.update((k, torch.from_numpy(np.asarray(v))) for k, v in self._run(arrays).items() if v is not None)
+        for k, v in self._run(arrays).items():
+            if v is not None:
+                v = np.asarray(v)  # torch needs writable memory; some engines hand out read-only views
+                named[k] = torch.from_numpy(v if v.flags.writeable else v.copy())
         return SimpleNamespace(**named)
 
 
@@ -110,8 +122,8 @@ class OnnxModel(ForeignModel):
         self.check_difference = report[f"max_abs_diff_{kind}"]
         options = ort.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
-        graph = report["int8"] if int8 else report["onnx"]
-        self._session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        self._graph = report["int8"] if int8 else report["onnx"]
+        self._session = ort.InferenceSession(self._graph, options, providers=["CPUExecutionProvider"])
         self._names = _names(model)
 
     def _backbone_of(self) -> "OnnxModel":
@@ -119,6 +131,33 @@ class OnnxModel(ForeignModel):
 
     def _run(self, arrays: dict[str, Any]) -> dict[str, Any]:
         return dict(zip(self._names, self._session.run(None, arrays)))
+
+
+class OpenVinoModel(OnnxModel):
+    """OpenVINO on the same checked export, in fp32 (on CPUs with bf16 support its default
+    precision is bf16, which would change the answers), itself checked against PyTorch."""
+
+    engine = "--backend openvino"
+
+    def __init__(self, model: torch.nn.Module, workdir: Path | None = None) -> None:
+        import openvino as ov
+
+        from .export import difference_from_torch
+
+        super().__init__(model, int8=False, workdir=workdir)
+        self._compiled = ov.Core().compile_model(self._graph, "CPU", {
+            "INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": "f32"})
+        self.check_difference = difference_from_torch(model, lambda feeds: self._compiled(feeds).to_tuple())
+        if self.check_difference > 1e-4:
+            raise InputError(f"OpenVINO differs from PyTorch by {self.check_difference:.2e} (> 1e-4) on a check "
+                             "batch; use another --backend")
+        log.info("OpenVINO (fp32) differs from PyTorch by at most %.2e on a check batch", self.check_difference)
+
+    def _backbone_of(self) -> "OpenVinoModel":
+        return OpenVinoModel(self._model.bert, self._workdir)
+
+    def _run(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        return dict(zip(self._names, self._compiled(arrays).to_tuple()))
 
 
 class JaxModel(ForeignModel):
@@ -170,6 +209,13 @@ def load(model: torch.nn.Module, backend: str) -> Any:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "torch":
         return model.eval()
+    if backend == "fused":
+        from . import fused
+
+        if not fused.available():  # the same numbers, eagerly: a slower path, not a different answer
+            log.warning("this torch build has no oneDNN CPU kernels; --backend fused runs eager PyTorch")
+            return model.eval()
+        return fused.fuse_for_inference(model)
     if backend == "jax":
         from .errors import require
 
@@ -182,4 +228,7 @@ def load(model: torch.nn.Module, backend: str) -> Any:
     from .errors import require
 
     require("export", "onnx", "onnxruntime", "onnxscript", what=f"--backend {backend}")
+    if backend == "openvino":
+        require("openvino", "openvino", what="--backend openvino")
+        return OpenVinoModel(model)
     return OnnxModel(model, int8=backend == "onnx-int8")

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,19 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, o
     return report
 
 
+def difference_from_torch(model: torch.nn.Module, run: Callable[[dict[str, np.ndarray]], list]) -> float:
+    """Largest absolute difference between `run` (an engine on int64 input_ids, token_type_ids and
+    attention_mask arrays -> the model's outputs in `_names` order) and PyTorch, on a padded batch of
+    a shape no export traced; padding positions of per-token outputs are left out."""
+    check = _sample(model.config.vocab_size, 3, 23, 1)
+    with torch.no_grad():
+        reference = [t.numpy() for t in _Outputs(model.eval())(*check.values())]
+    got = run({k: v.numpy() for k, v in check.items()})
+    real = check["attention_mask"].numpy().astype(bool)
+    return max(float(np.abs((np.asarray(g) - r)[real] if r.shape[:2] == real.shape else np.asarray(g) - r).max())
+               for g, r in zip(got, reference))
+
+
 def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, opset: int = 18) -> dict:
     """Export `model` (a bertforge backbone or head) to `out_path`, checked against PyTorch within
     1e-4 on a padded batch of a shape the export never saw; with `int8`, also OUT.int8.onnx."""
@@ -98,9 +112,6 @@ def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, ops
                           str(out_path), input_names=list(sample), output_names=names, dynamic_shapes=shapes,
                           opset_version=opset, dynamo=True, external_data=False, verbose=False)
 
-    check = _sample(model.config.vocab_size, 3, 23, 1)  # a shape the export never saw
-    with torch.no_grad():
-        reference = [t.numpy() for t in _Outputs(model)(*check.values())]
     report = {"onnx": str(out_path), "architecture": model.hf_architecture, "outputs": names}
     files = [("fp32", out_path)]
     if int8:
@@ -113,14 +124,9 @@ def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, ops
             quantize_dynamic(str(out_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=True)
         files.append(("int8", int8_path))
         report["int8"] = str(int8_path)
-    feeds = {k: v.numpy() for k, v in check.items()}
-    real = check["attention_mask"].numpy().astype(bool)
     for kind, path in files:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        got = session.run(None, feeds)
-        worst = max(float(np.abs((g - r)[real] if g.shape[:2] == real.shape else g - r).max())
-                    for g, r in zip(got, reference))
-        report[f"max_abs_diff_{kind}"] = worst
+        report[f"max_abs_diff_{kind}"] = difference_from_torch(model, lambda feeds: session.run(None, feeds))
     if report["max_abs_diff_fp32"] > 1e-4:
         out_path.unlink()
         raise BertforgeError(f"ONNX Runtime differs from PyTorch by {report['max_abs_diff_fp32']:.2e} (> 1e-4); "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from .constants import INFERENCE_BACKENDS
 from .errors import InputError
 
 TASKS = ("fill-mask", "classify", "ner", "qa", "embed", "similarity")
@@ -33,7 +34,7 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
                 joint: bool = False, aggregation: str = "first", pooling: str | None = None,
                 normalize: bool | None = None, against: list[str] | None = None, batch_size: int = 32,
                 null_threshold: float | None = None, progress: bool = False,
-                backend: str = "torch") -> Iterator[dict]:
+                backend: str = INFERENCE_BACKENDS[0]) -> Iterator[dict]:
     from . import backends, pipelines
     from .tokenizer import Tokenizer
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import typer
 
+from ..constants import INFERENCE_BACKENDS
 from ..errors import BertforgeError
 from ..predict import TASKS as PREDICT_TASKS
 from ..runconfig import TASKS, FinetuneConfig, PretrainConfig
@@ -200,7 +201,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
             pooling: Literal["mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken",
                              "pooler"] | None = None,
             normalize: bool = False, against: str | None = None, null_threshold: float | None = None,
-            backend: Literal["torch", "compiled", "onnx", "onnx-int8", "jax"] = "torch") -> None:
+            backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0]) -> None:
     """Run a model on texts: fill-mask, classify, ner, qa, embed, similarity.
 
     Inputs are the TEXTS given, a file (--input: one per line, or JSONL objects such as
@@ -221,8 +222,10 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
         normalize: embed: L2-normalise the vectors
         against: similarity: file of candidates; print the --top-k matches of each input
         null_threshold: qa (SQuAD v2 models): answer '' above this null margin
-        backend: torch (eager), compiled (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime,
-            exported and checked against PyTorch at start-up), or jax (Flax NNX)
+        backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
+            torch (eager, as model.py reads), compiled
+            (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
+            against PyTorch at start-up), or jax (Flax NNX)
     """
     from ..pipelines import read_inputs
     from ..predict import run_predict
@@ -242,7 +245,7 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
           max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 0.0, max_batch_tokens: int = 16_384,
           max_concurrent_requests: int = 512, api_key: str | None = None,
           served_model_name: str | None = None,
-          backend: Literal["torch", "compiled", "onnx", "onnx-int8", "jax"] = "torch") -> None:
+          backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0]) -> None:
     """Serve a model over HTTP: bertforge's, TEI's and OpenAI's APIs, rerank, metrics.
 
     Endpoints: /embed, /fill-mask, /classify, /ner, /qa (bertforge's {"texts"}); /embed with
@@ -265,8 +268,10 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         max_concurrent_requests: requests in flight; one more gets 429 at once
         api_key: require 'Authorization: Bearer KEY' on every endpoint but /health and the API docs
         served_model_name: the name /v1/embeddings and /info use (default: the directory's name)
-        backend: torch (eager), compiled (TorchInductor), onnx or onnx-int8 (ONNX Runtime, checked against
-            PyTorch at start-up), or jax (Flax NNX)
+        backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
+            torch (eager, as model.py reads), compiled
+            (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
+            against PyTorch at start-up), or jax (Flax NNX)
     """
     import os
 

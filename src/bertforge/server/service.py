@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__, pipelines
+from ..constants import INFERENCE_BACKENDS
 from ..errors import InputError
 
 
@@ -31,7 +32,7 @@ class Limits:
     max_concurrent_requests: int = 512
     api_key: str | None = None
     served_model_name: str | None = None
-    backend: str = "torch"
+    backend: str = INFERENCE_BACKENDS[0]
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens < 512:

@@ -1,0 +1,82 @@
+"""The fused CPU path (`bertforge.fused`): eager PyTorch's numbers on a real checkpoint, in every
+input layout the encoder takes; never stale weights; the eager path wherever it cannot apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertforge import BertModel, Tokenizer
+from bertforge import fused
+from bertforge.data.batching import collate
+
+from conftest import sst2_sentences
+
+pytestmark = pytest.mark.skipif(not fused.available(), reason="this torch build has no oneDNN kernels")
+
+
+@pytest.fixture(scope="module")
+def pair(minilm_dir):
+    eager = BertModel.from_pretrained(minilm_dir).eval()
+    fast = fused.fuse_for_inference(BertModel.from_pretrained(minilm_dir))
+    return eager, fast, Tokenizer.from_pretrained(minilm_dir)
+
+
+def batch_of(tokenizer, texts):
+    enc = tokenizer(texts, truncation=True, max_length=128)
+    return collate([{"input_ids": i, "token_type_ids": t} for i, t in zip(enc["input_ids"], enc["token_type_ids"])],
+                   tokenizer.pad_token_id)
+
+
+def assert_same(a, b, tol=1e-4):
+    assert a.shape == b.shape and (a - b).abs().max().item() <= tol
+
+
+@torch.no_grad()
+def test_fused_gives_the_eager_numbers_padded_unpadded_and_packed(pair):
+    eager, fast, tok = pair
+    texts = sst2_sentences(40)
+    padded = batch_of(tok, texts)  # real padding: the unpadded path
+    assert not bool(padded["attention_mask"].bool().all())
+    for inputs in (padded, batch_of(tok, [texts[0]] * 3)):  # and a batch with no padding at all
+        a, b = eager(**inputs, output_hidden_states=True), fast(**inputs, output_hidden_states=True)
+        assert_same(a.last_hidden_state, b.last_hidden_state)
+        assert_same(a.pooler_output, b.pooler_output)
+        for x, y in zip(a.hidden_states, b.hidden_states):
+            assert_same(x, y)
+    # Two examples packed into one row (position ids restart at 0): attention stays per example.
+    first, second = (tok(t)["input_ids"] for t in texts[:2])
+    ids = torch.tensor([first + second])
+    positions = torch.tensor([list(range(len(first))) + list(range(len(second)))])
+    a, b = eager(ids, position_ids=positions), fast(ids, position_ids=positions)
+    assert_same(a.last_hidden_state, b.last_hidden_state)
+    assert_same(a.pooler_output, b.pooler_output)
+    # Attention maps need the explicit softmax: the eager path answers, with the same maps.
+    a, b = eager(**padded, output_attentions=True), fast(**padded, output_attentions=True)
+    assert all(torch.equal(x, y) for x, y in zip(a.attentions, b.attentions))
+    # It really is another computation (else this file would test nothing).
+    assert not torch.equal(eager(**padded).last_hidden_state, fast(**padded).last_hidden_state)
+
+
+def test_fused_weights_follow_the_parameters_and_training_is_eager(pair, minilm_dir):
+    _, _, tok = pair
+    inputs = batch_of(tok, sst2_sentences(8))
+    eager = BertModel.from_pretrained(minilm_dir).eval()
+    fast = fused.fuse_for_inference(BertModel.from_pretrained(minilm_dir))
+    with torch.no_grad():
+        fast(**inputs)  # packs
+        for model in (eager, fast):  # an in-place update, as an optimizer step or load_state_dict makes
+            model.layers[0].ffn.up.weight.mul_(1.5)
+            model.layers[3].attention.value.bias.add_(0.1)
+        assert_same(eager(**inputs).last_hidden_state, fast(**inputs).last_hidden_state)
+    # Training mode and gradients take the eager path: dropout applies and gradients flow.
+    fast.train()
+    torch.manual_seed(0)
+    out = fast(**inputs).last_hidden_state
+    out.sum().backward()
+    assert fast.layers[0].attention.query.weight.grad is not None
+    eager.train()
+    torch.manual_seed(0)
+    assert torch.equal(out.detach(), eager(**inputs).last_hidden_state.detach())
+    # The checkpoint is untouched: the same names and tensors as before fusing.
+    assert fast.state_dict().keys() == eager.state_dict().keys()
