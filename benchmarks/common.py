@@ -35,7 +35,7 @@ def minilm_dir() -> Path:
 def inference_args(classifier_use: str) -> argparse.Namespace:
     """The flags the CPU inference benchmarks share: timing repeats and an optional SST-2 classifier."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--classifier", help=f"an SST-2 fine-tuned checkpoint, {classifier_use}")
     return parser.parse_args()
 

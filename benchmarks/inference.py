@@ -1,25 +1,27 @@
 """CPU inference, side by side on SST-2 dev (872 sentences) with all-MiniLM-L6-v2, batch 32.
 
-1. Identical batches sorted by length: bertforge `BertModel` vs transformers `BertModel`
-   (eager and sdpa attention) vs ONNX Runtime (fp32 and dynamic int8) on bertforge's export,
-   vs OpenVINO (on the same ONNX graph) and CTranslate2 (converted from the checkpoint), when
-   those are installed (`pip install openvino ctranslate2`).
-2. File order: bertforge's `embed` pipeline (it buckets by length itself) vs transformers
-   (the better of eager and sdpa) on batches of 32 in file order.
-   Both 1 and 2 also run bertforge's encoder compiled for inference (`compile_for_inference`:
-   TorchInductor, dynamic shapes, frozen weights); its one-off compile time is reported.
-3. Model FLOPs utilisation against a 2048^3 fp32 matmul measured in the same run, counting
+1. Identical batches sorted by length: bertforge's encoder on `--backend fused` (the default),
+   `torch` (eager) and `compiled` (TorchInductor; its one-off compile is reported) vs transformers
+   `BertModel` (eager and sdpa attention), ONNX Runtime (fp32 and dynamic int8) on bertforge's
+   export, OpenVINO (fp32, on the same ONNX graph) and CTranslate2 (fp32 and int8, converted from
+   the checkpoint), the last two when installed (`pip install openvino ctranslate2`).
+2. File order: bertforge's `embed` pipeline (it sorts by length itself) vs transformers (the
+   better of eager and sdpa) on batches of 32 in file order.
+3. One sentence at a time (batch 1), the first 200 sentences: a server's quiet hours.
+4. Model FLOPs utilisation against a 2048^3 fp32 matmul measured in the same run, counting
    only real tokens.
-4. With --classifier DIR (an SST-2 fine-tuned checkpoint), SST-2 dev accuracy of PyTorch,
-   ONNX Runtime fp32 and int8, so the int8 accuracy change is measured, not assumed.
+5. With --classifier DIR (an SST-2 fine-tuned checkpoint), SST-2 dev accuracy on each engine,
+   so the int8 accuracy change is measured, not assumed.
 
-Every figure is the median of --repeats full passes over the 872 sentences.
+Each runner lives in its own process, and their passes take turns (benchmarks/engines.py says
+why). Every figure is the median of --repeats full passes.
 
-    python -m benchmarks.inference [--repeats 3] [--classifier runs/sst2]
+    python -m benchmarks.inference [--repeats 5] [--classifier runs/sst2]
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tempfile
 import time
@@ -27,13 +29,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
 
-from bertforge import BertModel, Tokenizer
+from bertforge import BertConfig, Tokenizer
 from bertforge.export import export_onnx
-from bertforge.pipelines import compile_for_inference, embed
+from bertforge.fused import fuse_for_inference
 
-from .common import DATA, inference_args, machine, median, minilm_dir, need, save
+from .common import DATA, inference_args, machine, minilm_dir, need, save
+from .engines import ctranslate2_encoder, timed_apart
 
 
 def sst2() -> tuple[list[str], list[int]]:
@@ -49,95 +51,6 @@ def batches(tokenizer: Tokenizer, texts: list[str], size: int, sort: bool) -> li
         enc = tokenizer([texts[i] for i in order[start:start + size]], padding=True, truncation=True, return_tensors="np")
         out.append({k: enc[k] for k in ("input_ids", "token_type_ids", "attention_mask")})
     return out
-
-
-def timed(run, data, repeats: int) -> float:
-    """Median seconds of a full pass over `data`."""
-    run(data[:1])  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(data)
-        times.append(time.perf_counter() - start)
-    return median(times)
-
-
-def torch_runner(model):
-    def run(data):
-        with torch.no_grad():
-            for b in data:
-                model(**{k: torch.from_numpy(v) for k, v in b.items()})
-    return run
-
-
-def ort_runner(path: Path):
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-    def run(data):
-        for b in data:
-            session.run(None, b)
-    return run
-
-
-def openvino_runner(path: Path):
-    import openvino as ov
-
-    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
-
-    def run(data):
-        for b in data:
-            compiled(b)
-    return run
-
-
-def ctranslate2_runner(model_dir: Path, work: Path):
-    """CTranslate2's encoder on the same batches; it takes each row's real ids (no padding)."""
-    import ctranslate2
-    from ctranslate2.converters import TransformersConverter
-
-    out = work / "ct2"
-    TransformersConverter(str(model_dir)).convert(str(out))
-    encoder = ctranslate2.Encoder(str(out), device="cpu", compute_type="float32",
-                                  intra_threads=torch.get_num_threads())
-    rows = lambda b: [ids[mask.astype(bool)].tolist() for ids, mask in zip(b["input_ids"], b["attention_mask"])]  # noqa: E731
-
-    def run(data):
-        for b in data:
-            np.asarray(encoder.forward_batch(rows(b)).last_hidden_state)
-    return run
-
-
-def optional_engines(model_dir: Path, onnx_path: Path, work: Path, data) -> dict[str, tuple]:
-    """OpenVINO and CTranslate2 runners, for those that are installed."""
-    import importlib.util
-
-    engines = {}
-    if importlib.util.find_spec("openvino"):
-        engines["openvino_fp32"] = (openvino_runner(onnx_path), data)
-    if importlib.util.find_spec("ctranslate2"):
-        engines["ctranslate2_fp32"] = (ctranslate2_runner(model_dir, work), data)
-    return engines
-
-
-def timed_together(runs: dict[str, tuple], repeats: int) -> dict[str, float]:
-    """Median seconds per runner, {name: (run, data)}, taking turns pass by pass.
-
-    On a shared machine the speed drifts over minutes; interleaving the runners exposes
-    them to the same drift instead of giving one a quiet minute and another a busy one.
-    """
-    for run, data in runs.values():
-        run(data[:1])  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for r in range(repeats):
-        names = list(runs)
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            run, data = runs[name]
-            start = time.perf_counter()
-            run(data)
-            times[name].append(time.perf_counter() - start)
-    return {name: median(t) for name, t in times.items()}
 
 
 def matmul_peak() -> float:
@@ -165,89 +78,118 @@ def model_flops(config, data) -> float:
 
 
 def accuracy_check(classifier: Path, work: Path, texts: list[str], labels: list[int]) -> dict:
+    """SST-2 dev accuracy of the classifier on every engine: PyTorch eager and fused, ONNX
+    Runtime fp32 and int8, and CTranslate2 int8 (its encoder's pooled output through the
+    same classifier layer) when installed."""
+    import onnxruntime as ort
+
     from bertforge import BertForSequenceClassification
 
     model = BertForSequenceClassification.from_pretrained(classifier).eval()
     tok = Tokenizer.from_pretrained(classifier)
     report = export_onnx(str(classifier), str(work / "clf.onnx"), int8=True)
     data = batches(tok, texts, 32, sort=False)
-    import onnxruntime as ort
 
     def predictions(run_batch):
         return np.concatenate([run_batch(b) for b in data]).argmax(-1)
 
+    def torch_logits(m):
+        return lambda b: m(**{k: torch.from_numpy(v) for k, v in b.items()}).logits.numpy()
+
+    runs = {"pytorch": torch_logits(model)}
+    runs["fused"] = torch_logits(fuse_for_inference(BertForSequenceClassification.from_pretrained(classifier)))
+    for name in ("onnx", "int8"):
+        session = ort.InferenceSession(report[name], providers=["CPUExecutionProvider"])
+        runs["onnx_fp32" if name == "onnx" else "onnx_int8"] = lambda b, s=session: s.run(None, b)[0]
+    if importlib.util.find_spec("ctranslate2"):
+        backbone = work / "clf-backbone"
+        model.bert.save_pretrained(backbone, tokenizer=tok)
+        encoder = ctranslate2_encoder(str(backbone), str(work / "clf-ct2"), "int8", torch.get_num_threads())
+        weight, bias = model.classifier.weight.detach().numpy(), model.classifier.bias.detach().numpy()
+
+        def ct2(b):
+            rows = [ids[m.astype(bool)].tolist() for ids, m in zip(b["input_ids"], b["attention_mask"])]
+            return np.asarray(encoder.forward_batch(rows).pooler_output) @ weight.T + bias
+        runs["ctranslate2_int8"] = ct2
+    gold = np.array(labels)
     with torch.no_grad():
-        pt = predictions(lambda b: model(**{k: torch.from_numpy(v) for k, v in b.items()}).logits.numpy())
-    fp32 = ort.InferenceSession(report["onnx"], providers=["CPUExecutionProvider"])
-    int8 = ort.InferenceSession(report["int8"], providers=["CPUExecutionProvider"])
-    acc = lambda p: float((p == np.array(labels)).mean())  # noqa: E731
-    return {"pytorch": acc(pt), "onnx_fp32": acc(predictions(lambda b: fp32.run(None, b)[0])),
-            "onnx_int8": acc(predictions(lambda b: int8.run(None, b)[0]))}
+        return {name: float((predictions(run) == gold).mean()) for name, run in runs.items()}
 
 
-def measure(repeats: int = 3, classifier: str | None = None) -> dict:
-    """All of the above in one process; returns the result dict (without saving it)."""
-    model_dir = minilm_dir()
+def measure(repeats: int = 5, classifier: str | None = None) -> dict:
+    """All of the above; returns the result dict (without saving it)."""
+    model_dir = str(minilm_dir())
     texts, labels = sst2()
     tok = Tokenizer.from_pretrained(model_dir)
     work = Path(tempfile.mkdtemp(prefix="bf-inference-"))
-    onnx = export_onnx(str(model_dir), str(work / "minilm.onnx"), int8=True)
+    onnx = export_onnx(model_dir, str(work / "minilm.onnx"), int8=True)
     sorted_batches = batches(tok, texts, 32, sort=True)
     file_batches = batches(tok, texts, 32, sort=False)
-    n = len(texts)
-    ours = BertModel.from_pretrained(model_dir).eval()
-    hf = {impl: transformers.BertModel.from_pretrained(model_dir, attn_implementation=impl).eval()
-          for impl in ("eager", "sdpa")}
+    singles = batches(tok, texts[:200], 1, sort=False)
+    n, threads = len(texts), torch.get_num_threads()
     result = {"machine": machine(), "sentences": n, "batch_size": 32, "repeats": repeats,
               "command": "python -m benchmarks.inference" + (f" --classifier {classifier}" if classifier else "")}
-    compiled = compile_for_inference(BertModel.from_pretrained(model_dir))
-    start = time.perf_counter()
-    embed(compiled, tok, texts[:64], batch_size=32)  # one dynamic-shape compilation serves every batch after
-    result["compile_s"] = time.perf_counter() - start
-    sorted_s = timed_together({
-        "bertforge": (torch_runner(ours), sorted_batches),
-        "bertforge_compiled": (torch_runner(compiled), sorted_batches),
-        "transformers_eager": (torch_runner(hf["eager"]), sorted_batches),
-        "transformers_sdpa": (torch_runner(hf["sdpa"]), sorted_batches),
-        "onnxruntime_fp32": (ort_runner(Path(onnx["onnx"])), sorted_batches),
-        "onnxruntime_int8": (ort_runner(Path(onnx["int8"])), sorted_batches),
-        **optional_engines(Path(model_dir), Path(onnx["onnx"]), work, sorted_batches),
-    }, repeats)
+
+    def engines(int8: bool) -> dict[str, tuple]:
+        out = {"onnxruntime_fp32": ("onnxruntime", (onnx["onnx"],))}
+        if int8:
+            out["onnxruntime_int8"] = ("onnxruntime", (onnx["int8"],))
+        if importlib.util.find_spec("openvino"):
+            out["openvino_fp32"] = ("openvino", (onnx["onnx"], threads))
+        if importlib.util.find_spec("ctranslate2"):
+            out["ctranslate2_fp32"] = ("ctranslate2", (model_dir, str(work / "ct2"), "float32", threads))
+            if int8:
+                out["ctranslate2_int8"] = ("ctranslate2", (model_dir, str(work / "ct2"), "int8", threads))
+        return out
+
+    ours = {name: ("bertforge", (model_dir, backend))
+            for name, backend in (("bertforge", "torch"), ("bertforge_fused", "fused"), ("bertforge_compiled", "compiled"))}
+    theirs = {f"transformers_{impl}": ("transformers", (model_dir, impl)) for impl in ("eager", "sdpa")}
+    timed = timed_apart({**ours, **theirs, **engines(int8=True)}, sorted_batches, repeats, threads)
+    sorted_s = {k: v["seconds"] for k, v in timed.items()}
+    result["compile_s"] = timed["bertforge_compiled"]["setup_s"]
     result["sorted_sentences_per_s"] = {k: n / v for k, v in sorted_s.items()}
-    best_hf = max(result["sorted_sentences_per_s"]["transformers_eager"], result["sorted_sentences_per_s"]["transformers_sdpa"])
+    best_hf = min(sorted_s["transformers_eager"], sorted_s["transformers_sdpa"])
+    engine_names = [k for k in ("onnxruntime_fp32", "openvino_fp32", "ctranslate2_fp32") if k in sorted_s]
+    best_engine = min(engine_names, key=lambda k: sorted_s[k])
+    ours_best = min(ours, key=lambda k: sorted_s[k])
     result["sorted_ratios"] = {
-        "bertforge_vs_best_transformers": result["sorted_sentences_per_s"]["bertforge"] / best_hf,
+        "bertforge_vs_best_transformers": best_hf / sorted_s["bertforge"],
+        "fused_vs_best_transformers": best_hf / sorted_s["bertforge_fused"],
+        "compiled_vs_best_transformers": best_hf / sorted_s["bertforge_compiled"],
+        "fused_vs_eager": sorted_s["bertforge"] / sorted_s["bertforge_fused"],
         "bertforge_vs_onnxruntime_fp32": sorted_s["onnxruntime_fp32"] / sorted_s["bertforge"],
         "int8_vs_onnxruntime_fp32": sorted_s["onnxruntime_fp32"] / sorted_s["onnxruntime_int8"],
-        "compiled_vs_best_transformers": result["sorted_sentences_per_s"]["bertforge_compiled"] / best_hf,
-        "compiled_vs_onnxruntime_fp32": sorted_s["onnxruntime_fp32"] / sorted_s["bertforge_compiled"],
-    }
-    engines = [k for k in ("onnxruntime_fp32", "openvino_fp32", "ctranslate2_fp32") if k in sorted_s]
-    best_engine = min(engines, key=lambda k: sorted_s[k])
-    ours_best = min(("bertforge", "bertforge_compiled"), key=lambda k: sorted_s[k])
-    result["sorted_ratios"].update({
         "best_fp32_engine": best_engine,
         "best_bertforge_fp32": ours_best,
         "bertforge_best_vs_best_engine_fp32": sorted_s[best_engine] / sorted_s[ours_best],
-        "int8_vs_best_engine_fp32": sorted_s[best_engine] / sorted_s["onnxruntime_int8"],
-    })
-    file_s = timed_together({
-        "pipeline": (lambda data: embed(ours, tok, data, batch_size=32), texts),
-        "pipeline_compiled": (lambda data: embed(compiled, tok, data, batch_size=32), texts),
-        "transformers_eager": (torch_runner(hf["eager"]), file_batches),
-        "transformers_sdpa": (torch_runner(hf["sdpa"]), file_batches),
-    }, repeats)
-    pipeline_s, compiled_pipeline_s = file_s["pipeline"], file_s["pipeline_compiled"]
+        **{f"{k}_vs_best_fp32": min(sorted_s[best_engine], sorted_s[ours_best]) / sorted_s[k]
+           for k in ("onnxruntime_int8", "ctranslate2_int8") if k in sorted_s},
+    }
+
+    file_s = {k: v["seconds"] for k, v in timed_apart({
+        "pipeline": ("embed", (model_dir, "torch")),
+        "pipeline_fused": ("embed", (model_dir, "fused")),
+        "pipeline_compiled": ("embed", (model_dir, "compiled")),
+    }, texts, repeats, threads).items()}
+    file_s.update({k: v["seconds"] for k, v in timed_apart(theirs, file_batches, repeats, threads).items()})
     hf_file_s = min(file_s["transformers_eager"], file_s["transformers_sdpa"])
-    result["file_order_sentences_per_s"] = {"bertforge_embed_pipeline": n / pipeline_s,
-                                            "bertforge_embed_pipeline_compiled": n / compiled_pipeline_s,
+    result["file_order_sentences_per_s"] = {"bertforge_embed_pipeline": n / file_s["pipeline"],
+                                            "bertforge_embed_pipeline_fused": n / file_s["pipeline_fused"],
+                                            "bertforge_embed_pipeline_compiled": n / file_s["pipeline_compiled"],
                                             "transformers_eager": n / file_s["transformers_eager"],
                                             "transformers_sdpa": n / file_s["transformers_sdpa"],
                                             "best_transformers": n / hf_file_s,
-                                            "ratio": hf_file_s / pipeline_s,
-                                            "ratio_compiled": hf_file_s / compiled_pipeline_s}
+                                            "ratio": hf_file_s / file_s["pipeline"],
+                                            "ratio_fused": hf_file_s / file_s["pipeline_fused"],
+                                            "ratio_compiled": hf_file_s / file_s["pipeline_compiled"]}
+
+    single = timed_apart({k: ours[k] for k in ("bertforge", "bertforge_fused")} | engines(int8=False),
+                         singles, repeats, threads)
+    result["single_sentences_per_s"] = {k: len(singles) / v["seconds"] for k, v in single.items()}
+
     peak = matmul_peak()
-    flops = model_flops(ours.config, sorted_batches)
+    flops = model_flops(BertConfig.from_json(Path(model_dir) / "config.json"), sorted_batches)
     result["matmul_peak_gflops"] = peak
     result["flops_sorted_pass"] = flops
     result["mfu_sorted"] = {k: flops / v / 1e9 / peak for k, v in sorted_s.items()}
