@@ -234,6 +234,9 @@ def test_pretrain_backend_jax_end_to_end_and_exact_resume(tmp_path, small_corpus
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rows_b = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("loss")) for r in rows] == [(r["step"], r.get("loss")) for r in rows_b]
+    # A JAX run's checkpoints resumed without --backend jax: refused by name, before any file is read.
+    other = cli(*base_args(corpus, tok, killed, "--max-steps", "40", "--save-every", "2", "--resume"))
+    assert other.returncode == 2 and "cannot resume: 'backend' was 'jax' and is now None" in other.stderr
     # What the JAX loop does not do is refused, by name.
     refused = cli(*base_args(corpus, tok, tmp_path / "x", "--backend", "jax", "--pack", "--max-steps", "2"))
     assert refused.returncode == 2 and "pack (--pack) True is not available with --backend jax" in refused.stderr

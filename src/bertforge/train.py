@@ -27,7 +27,8 @@ from typing import Any, Protocol
 import torch
 
 from . import distributed as dist
-from .checkpoint import latest_checkpoint, load_best_weights, load_checkpoint, save_checkpoint, torch_files
+from .checkpoint import (latest_checkpoint, load_best_weights, load_checkpoint, read_trainer_state, save_checkpoint,
+                         torch_files)
 from .errors import BertforgeError
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
@@ -103,15 +104,17 @@ class Trainer:
         path = latest_checkpoint(self.checkpoints)
         if path is None:
             raise BertforgeError(f"{self.checkpoints}: no checkpoint to resume from")
-        state = self._load_checkpoint(path)
-        self.best_weights = load_best_weights(path)
-        saved_run = state.get("run", {})
+        # The settings first: a checkpoint of other settings (or another --backend) is refused by
+        # name before its files are read.
+        saved_run = read_trainer_state(path).get("run", {})
         differences = [k for k in sorted(set(saved_run) | set(self.run_info))
                        if k not in _RESUME_FREE and saved_run.get(k) != self.run_info.get(k)]
         if differences:
             k = differences[0]
             raise BertforgeError(f"{path}: cannot resume: '{k}' was {saved_run.get(k)!r} and is now "
                                  f"{self.run_info.get(k)!r}; resume with the same settings, or start a new --out")
+        state = self._load_checkpoint(path)
+        self.best_weights = load_best_weights(path)
         self.state.update({k: state[k] for k in ("epoch", "position", "horizon", "elapsed", "best", "best_step",
                                                  "stale_evals", "best_metrics") if k in state})
         if dist.is_main() and self.metrics_file.exists():  # drop rows logged after the checkpoint
