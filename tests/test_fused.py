@@ -51,6 +51,23 @@ def test_fused_gives_the_eager_numbers_padded_unpadded_and_packed(pair):
     a, b = eager(ids, position_ids=positions), fast(ids, position_ids=positions)
     assert_same(a.last_hidden_state, b.last_hidden_state)
     assert_same(a.pooler_output, b.pooler_output)
+    # Without unpadding: the padded layout with a key mask [B, 1, 1, T], and packed rows with
+    # padding under a block-diagonal mask [B, 1, T, T].
+    third = min((tok(t)["input_ids"] for t in texts[2:]), key=len)
+    assert len(third) < len(first) + len(second)
+    pad = [tok.pad_token_id] * (len(first) + len(second) - len(third))
+    rows = {"input_ids": torch.tensor([first + second, third + pad]),
+            "position_ids": torch.tensor([positions[0].tolist(), list(range(len(third))) + [0] * len(pad)]),
+            "attention_mask": torch.tensor([[1] * ids.shape[1], [1] * len(third) + [0] * len(pad)])}
+    empty = {"input_ids": rows["input_ids"], "attention_mask": rows["attention_mask"].clone()}
+    empty["attention_mask"][1] = 0  # a row of padding alone: nothing for its queries to attend to
+    for unpad in (True, False):
+        eager.unpad = fast.unpad = unpad
+        try:
+            for inputs in (padded, rows, empty):
+                assert_same(eager(**inputs).last_hidden_state, fast(**inputs).last_hidden_state)
+        finally:
+            eager.unpad = fast.unpad = True
     # Attention maps need the explicit softmax: the eager path answers, with the same maps.
     a, b = eager(**padded, output_attentions=True), fast(**padded, output_attentions=True)
     assert all(torch.equal(x, y) for x, y in zip(a.attentions, b.attentions))

@@ -11,6 +11,13 @@ without changing their maths or the model's parameters:
    residual add inside the projection before it, so those [N, 4H] and [N, H] tensors are not
    read and written again.
 4. Unpadding stays (`model.unpad`): only real tokens go through the matmuls.
+5. Attention is two batched matmuls around a softmax, one [T, T] product per head and
+   sequence, instead of SDPA, whose CPU kernel is tiled for long sequences: on BERT's short
+   ones (SST-2, ~25 tokens) it took 13% of the fused encoder's time for ~1% of its FLOPs.
+   In a profile of MiniLM on SST-2 dev (sorted batches of 32, AMD EPYC, 2 cores) attention
+   fell from ~440 ms to ~200 ms a pass; end to end, each engine in its own process, that is
+   1.02-1.03x the SDPA version. The query's 1/sqrt(head_dim) is folded into the packed query
+   weights, so nothing rescales the scores.
 
 The outputs equal eager PyTorch's up to summation order (about 1e-6 relative; the tests check
 1e-4 on real checkpoints). The packed weights are copies: each layer notes the version counter
@@ -23,6 +30,7 @@ maps, non-CPU tensors and non-fp32 inputs take the eager path unchanged.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -77,8 +85,9 @@ class _FusedLayer:
 
     def pack(self) -> None:
         a, f = self.layer.attention, self.layer.ffn
-        self.qkv = _Packed(torch.cat([a.query.weight, a.key.weight, a.value.weight]),
-                           torch.cat([a.query.bias, a.key.bias, a.value.bias]))
+        scale = 1 / math.sqrt(a.head_dim)  # softmax(q k^T / sqrt(d)) with the division done once, here
+        self.qkv = _Packed(torch.cat([a.query.weight * scale, a.key.weight, a.value.weight]),
+                           torch.cat([a.query.bias * scale, a.key.bias, a.value.bias]))
         self.out = _Packed(a.out.weight, a.out.bias)
         post = _POST_OPS.get(type(f.act))
         self.up = _Packed(f.up.weight, f.up.bias, post(f.act) if post else ("none", ""))
@@ -95,20 +104,52 @@ class _FusedLayer:
             return self.eager(x, mask, output_attentions, packed)
         if self.versions != self.stamp():
             self.pack()
-        attention, H = layer.attention, x.shape[-1]
-        qkv = self.qkv(x)  # (..., 3H)
-        if packed is not None:  # one scatter into the attention layout for q, k and v together
-            qkv = to_sequences(qkv, packed)
-            mask = packed.key_mask
-        q, k, v = qkv.split(H, dim=-1)
-        context, _ = attention.attend(q, k, v, mask, False)
-        if packed is not None:
-            context = from_sequences(context, packed)
+        H = x.shape[-1]
+        qkv = self.qkv(x)  # (..., 3H), the query already scaled
+        heads = layer.attention.num_heads
+        if packed is None:  # the padded batch [B, T, H], with no mask or a [B, 1, 1|T, T] one
+            B, T = x.shape[:2]
+            context = _attention(qkv.view(B * T, 3 * H), B, T, heads, mask).view(B, T, H)
+        elif packed.key_mask is None and packed.num_seqs * packed.max_seqlen == x.shape[0]:
+            # Every sequence is full length: the real tokens already are the attention layout.
+            context = _attention(qkv, packed.num_seqs, packed.max_seqlen, heads, None)
+        else:  # one scatter into the attention layout for q, k and v together, one gather back
+            S, T = packed.num_seqs, packed.max_seqlen
+            context = _attention(to_sequences(qkv, packed).view(S * T, 3 * H), S, T, heads, packed.key_mask)
+            context = from_sequences(context.view(S, T, H), packed)
         x = layer.attention_norm(self.out.plus(context, x))
         hidden = self.up(x)
         if self.act is not None:
             hidden = self.act(hidden)
         return layer.ffn_norm(self.down.plus(hidden, x)), None
+
+
+def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """Multi-head attention over S sequences of T tokens, the query pre-scaled by 1/sqrt(d).
+
+    qkv: float [S*T, 3H], sequence by sequence (rows past a sequence's end are zeros);
+    mask: bool [S, 1, 1, T] or [S, 1, T, T], True where a key may be attended to, or None.
+    Returns the context, float [S*T, H].
+    """
+    H = qkv.shape[1] // 3
+    d = H // num_heads
+    # [S, T, 3, nh, d] -> [3, nh, S, T, d]: every (head, sequence) pair a contiguous [T, d] matrix,
+    # so q k^T and p v are each one batched matmul over nh*S small products.
+    q, k, v = (t.view(num_heads * S, T, d)
+               for t in qkv.view(S, T, 3, num_heads, d).permute(2, 3, 0, 1, 4).contiguous().unbind(0))
+    if mask is None:
+        scores = torch.bmm(q, k.transpose(1, 2))  # (nh*S, T, T)
+    else:  # -inf where masked, added inside the matmul; broadcast over heads (and queries for a key mask)
+        bias = torch.zeros(mask.shape, dtype=qkv.dtype).masked_fill_(~mask, float("-inf")).transpose(0, 1)
+        bias = bias.expand(num_heads, S, -1, T).reshape(num_heads * S, -1, T).expand(-1, T, -1)
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2))
+    probs = scores.softmax(dim=-1)
+    if mask is not None and not bool(mask.any(dim=-1).all()):
+        # A query with no key to see (a row of padding alone, padded layout): SDPA answers zeros,
+        # where this softmax over -inf alone gives NaN.
+        probs = probs.nan_to_num_(0.0)
+    context = torch.bmm(probs, v)  # (nh*S, T, d)
+    return context.view(num_heads, S, T, d).permute(1, 2, 0, 3).reshape(S * T, H)
 
 
 def fuse_for_inference(model: torch.nn.Module) -> torch.nn.Module:
