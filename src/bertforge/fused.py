@@ -127,7 +127,7 @@ class _FusedLayer:
 def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Tensor | None) -> torch.Tensor:
     """Multi-head attention over S sequences of T tokens, the query pre-scaled by 1/sqrt(d).
 
-    qkv: float [S*T, 3H], sequence by sequence (rows past a sequence's end are zeros);
+    qkv: float [S*T, 3H], sequence by sequence (rows past a sequence's end are zeros, or masked);
     mask: bool [S, 1, 1, T] or [S, 1, T, T], True where a key may be attended to, or None.
     Returns the context, float [S*T, H].
     """
