@@ -3,6 +3,8 @@ input layout the encoder takes; never stale weights; the eager path wherever it 
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -32,9 +34,13 @@ def assert_same(a, b, tol=1e-4):
     assert a.shape == b.shape and (a - b).abs().max().item() <= tol
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-attention", "torch-attention"])
 @torch.no_grad()
-def test_fused_gives_the_eager_numbers_padded_unpadded_and_packed(pair):
+def test_fused_gives_the_eager_numbers_padded_unpadded_and_packed(pair, native):
     eager, fast, tok = pair
+    fused.fuse_for_inference(fast, native_attention=native)  # fused already: this sets the attention path
+    if native and shutil.which("c++"):
+        assert fast.layers[0].forward.attend is not None, "the native attention kernel did not build"
     texts = sst2_sentences(40)
     padded = batch_of(tok, texts)  # real padding: the unpadded path
     assert not bool(padded["attention_mask"].bool().all())

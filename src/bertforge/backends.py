@@ -3,10 +3,10 @@ encoder, ONNX Runtime or JAX.
 
 - `torch`: eager PyTorch, the encoder exactly as `model.py` reads;
 - `fused`: the same modules with oneDNN doing more per call (`fused.py`: one QKV matmul,
-  pre-packed weights, GELU and residual adds fused into the matmuls, unpadding kept); equal to
-  `torch` up to summation order (tested within 1e-4), no start-up cost, and the fastest fp32
-  path measured here at every batch size (docs/serving.md), so it is the default where this
-  torch build has oneDNN;
+  pre-packed weights, GELU and residual adds fused into the matmuls, unpadding kept, attention
+  in a native kernel compiled once per machine); equal to `torch` up to summation order
+  (tested within 1e-4), and the fastest fp32 path measured here at batches of 32, level with
+  OpenVINO (docs/serving.md), so it is the default where this torch build has oneDNN;
 - `compiled`: the encoder through TorchInductor with frozen weights (`compile_for_inference`);
   a one-off compile of ~20 s;
 - `onnx`: the model exported to ONNX at start-up and run by ONNX Runtime; the export is checked

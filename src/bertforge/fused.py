@@ -11,13 +11,15 @@ without changing their maths or the model's parameters:
    residual add inside the projection before it, so those [N, 4H] and [N, H] tensors are not
    read and written again.
 4. Unpadding stays (`model.unpad`): only real tokens go through the matmuls.
-5. Attention is two batched matmuls around a softmax, one [T, T] product per head and
-   sequence, instead of SDPA, whose CPU kernel is tiled for long sequences: on BERT's short
-   ones (SST-2, ~25 tokens) it took 13% of the fused encoder's time for ~1% of its FLOPs.
-   In a profile of MiniLM on SST-2 dev (sorted batches of 32, AMD EPYC, 2 cores) attention
-   fell from ~440 ms to ~200 ms a pass; end to end, each engine in its own process, that is
-   1.02-1.03x the SDPA version. The query's 1/sqrt(head_dim) is folded into the packed query
-   weights, so nothing rescales the scores.
+5. Attention on unpadded tokens runs in a native kernel (`kernels/varlen_attention.cpp`,
+   compiled on first use): each head of each sequence reads its rows of the [N, 3H] QKV
+   output where they lie, so nothing is scattered into a padded layout, masked or gathered
+   back. In PyTorch ops that glue took ~1.2 ms of a ~1.3 ms attention per layer (MiniLM,
+   a sorted SST-2 batch of 32, AMD EPYC, 2 cores); the kernel does the whole of it in ~0.46 ms.
+   Without a compiler, and for padded batches, attention is two batched matmuls around a
+   softmax (`_attention`), which beat SDPA here: its CPU kernel is tiled for long sequences,
+   and on SST-2's ~25 tokens it took 13% of the encoder's time for ~1% of its FLOPs. Either
+   way the query's 1/sqrt(head_dim) is folded into the packed query weights.
 
 The outputs equal eager PyTorch's up to summation order (about 1e-6 relative; the tests check
 1e-4 on real checkpoints). The packed weights are copies: each layer notes the version counter
@@ -35,6 +37,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import kernels
 from .model import BertLayer, BertModel
 from .padding import Packing, from_sequences, to_sequences
 
@@ -69,9 +72,10 @@ class _Packed:
 class _FusedLayer:
     """A `BertLayer`'s forward on packed weights; it packs on first use and after any change."""
 
-    def __init__(self, layer: BertLayer) -> None:
+    def __init__(self, layer: BertLayer, attend: Callable | None) -> None:
         self.layer = layer
         self.eager: Callable = layer.forward  # the bound method of the class, kept for the fallbacks
+        self.attend = attend  # the native varlen attention op, or None for PyTorch ops
         self.versions: list[tuple[int, int]] | None = None
 
     def params(self) -> list[torch.Tensor]:
@@ -109,7 +113,13 @@ class _FusedLayer:
         heads = layer.attention.num_heads
         if packed is None:  # the padded batch [B, T, H], with no mask or a [B, 1, 1|T, T] one
             B, T = x.shape[:2]
-            context = _attention(qkv.view(B * T, 3 * H), B, T, heads, mask).view(B, T, H)
+            if mask is None and self.attend is not None:  # no padding: B sequences of T tokens
+                starts = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+                context = self.attend(qkv.view(B * T, 3 * H), starts, heads).view(B, T, H)
+            else:
+                context = _attention(qkv.view(B * T, 3 * H), B, T, heads, mask).view(B, T, H)
+        elif self.attend is not None:  # straight on the real tokens, sequence by sequence
+            context = self.attend(qkv, packed.cu_seqlens, heads)
         elif packed.key_mask is None and packed.num_seqs * packed.max_seqlen == x.shape[0]:
             # Every sequence is full length: the real tokens already are the attention layout.
             context = _attention(qkv, packed.num_seqs, packed.max_seqlen, heads, None)
@@ -152,17 +162,22 @@ def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Te
     return context.view(num_heads, S, T, d).permute(1, 2, 0, 3).reshape(S * T, H)
 
 
-def fuse_for_inference(model: torch.nn.Module) -> torch.nn.Module:
+def fuse_for_inference(model: torch.nn.Module, native_attention: bool = True) -> torch.nn.Module:
     """Run `model`'s encoder layers on the fused path (see the module docstring); in place.
 
+    native_attention: use the native varlen attention kernel for unpadded batches, building it
+    now if this machine has not yet (so the one-off compile happens at load, not mid-request);
+    False, or a machine where it cannot be built, runs attention in PyTorch ops.
     The parameters, `state_dict()` and `save_pretrained` are untouched; only each layer's
     forward changes. Returns the same model, in eval mode.
     """
     if not available():
         raise RuntimeError("this torch build has no oneDNN (mkldnn) CPU kernels; use --backend torch")
+    attend = kernels.varlen_attention() if native_attention else None
     backbone = model if isinstance(model, BertModel) else model.bert
     for layer in backbone.layers:
         if isinstance(layer.forward, _FusedLayer):
-            continue  # fused already
-        layer.forward = _FusedLayer(layer)
+            layer.forward.attend = attend  # fused already: only the attention choice may change
+            continue
+        layer.forward = _FusedLayer(layer, attend)
     return model.eval()

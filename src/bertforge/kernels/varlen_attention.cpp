@@ -1,0 +1,207 @@
+// Multi-head self-attention over unpadded sequences, for inference on CPU.
+//
+// The fused encoder keeps only real tokens between layers: q, k and v come out of one matmul as
+// qkv [N, 3H], the N tokens of S sequences back to back (cu_seqlens says where each begins, as
+// flash-attention's varlen kernels take it). In PyTorch ops, attention then needs the tokens
+// scattered into a padded [3, heads, S, T, d] layout, a mask, two batched matmuls, a softmax
+// and a gather back: five passes over memory for ~1% of BERT's FLOPs on short sentences.
+// Here each (head, sequence) pair is one task that reads its rows of qkv where they lie and
+// writes its rows of the context: no padding, no mask, no copies of q, k or v.
+//
+// One task, for a sequence of L tokens and head size d (the query is pre-scaled by 1/sqrt(d)):
+//   1. k^T [d, Lp]: this head's keys transposed, Lp = L rounded up to the vector width, so the
+//      scores of one query against 16 keys are one vector accumulated over d;
+//   2. scores, softmax and p v for QB queries at a time: their dependency chains are
+//      independent, so the FMA units are kept busy instead of waiting on one chain;
+//   3. the softmax is exact up to rounding: the max is subtracted first; exp is Cephes' expf
+//      (range reduction by ln 2, a degree-6 polynomial, about 1e-7 relative error), written
+//      on vectors so it runs at the vector width.
+//
+// Each task's arithmetic does not depend on how tasks are split over threads, so outputs are
+// the same bit for bit at any thread count. Vectors are GCC/Clang vector extensions, so the
+// same source compiles for AVX-512, AVX2 or SSE; the loader picks the flags.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int W = 16;   // floats per vector (two registers on AVX2, four on SSE)
+constexpr int QB = 4;   // queries computed together
+typedef float vf __attribute__((vector_size(W * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
+
+inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+inline vf splat(float x) { return vf{} + x; }
+
+// e^x for x <= 0, the only range softmax needs once the max is subtracted; 0 below e^-64.
+// Why the cut: a probability under e^-64 (1.6e-28) of the largest cannot change a float32
+// output, but its products with v are denormals, which real attention rows are full of and
+// which took ~30% of this kernel's time on BERT's attention (AMD EPYC) before the cut.
+inline vf exp_nonpositive(vf x) {
+  const vi dropped = x < -64.0f;
+  x = dropped ? splat(-64.0f) : x;
+  // n = round(x / ln 2); x <= 0, so truncating x / ln 2 - 0.5 toward zero rounds to nearest.
+  vi n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi);
+  vf nf = __builtin_convertvector(n, vf);
+  vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // x - n ln 2, ln 2 split in two for precision
+  vf y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
+          + 1.6666665459e-1f) * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  y *= (vf)((n + 127) << 23);  // times 2^n, built in the exponent bits
+  return dropped ? vf{} : y;
+}
+
+// Horizontal max and sum: fold the vector in halves four times.
+inline float hmax(vf v) {
+  vf t = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v = v > t ? v : t;
+  t = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v = v > t ? v : t;
+  t = __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v = v > t ? v : t;
+  t = __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  v = v > t ? v : t;
+  return v[0];
+}
+
+inline float hsum(vf v) {
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v[0];
+}
+
+// p v for QB rows of probabilities, each scaled by its 1 / sum at the end. D > 0 is the head
+// size known at compile time (its accumulators stay in registers); D == 0 is any other size.
+template <int D>
+void weighted_values(const float* v0, int64_t row, int64_t L, const float* p, int64_t Lp, const float* inv,
+                     int rows, int64_t d, float* out, int64_t H) {
+  if constexpr (D > 0) {
+    vf acc[QB][D / W] = {};
+    for (int64_t j = 0; j < L; ++j) {
+      vf v[D / W];
+      for (int c = 0; c < D / W; ++c) v[c] = load(v0 + j * row + c * W);
+      for (int r = 0; r < QB; ++r) {
+        const float prj = p[r * Lp + j];
+        for (int c = 0; c < D / W; ++c) acc[r][c] += prj * v[c];
+      }
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < D / W; ++c) store(out + r * H + c * W, acc[r][c] * inv[r]);
+  } else {
+    for (int r = 0; r < rows; ++r) {
+      float* o = out + r * H;
+      std::fill(o, o + d, 0.0f);
+      for (int64_t j = 0; j < L; ++j) {
+        const float prj = p[r * Lp + j];
+        for (int64_t c = 0; c < d; ++c) o[c] += prj * v0[j * row + c];
+      }
+      for (int64_t c = 0; c < d; ++c) o[c] *= inv[r];
+    }
+  }
+}
+
+// One head of one sequence: rows [base, base + L) of qkv [N, 3H] -> the same rows of out [N, H].
+// kT holds d * Lp floats and p QB * Lp, both owned by the calling thread.
+template <int D>
+void attend(const float* qkv, float* out, int64_t base, int64_t L, int64_t h, int64_t H, int64_t d,
+            float* kT, float* p) {
+  const int64_t row = 3 * H, Lp = (L + W - 1) / W * W, blocks = Lp / W;
+  const float* q0 = qkv + base * row + h * d;
+  const float* k0 = q0 + H;
+  const float* v0 = q0 + 2 * H;
+  for (int64_t c = 0; c < d; ++c) std::fill(kT + c * Lp + L, kT + (c + 1) * Lp, 0.0f);
+  for (int64_t j = 0; j < L; ++j)
+    for (int64_t c = 0; c < d; ++c) kT[c * Lp + j] = k0[j * row + c];
+  // Lanes of the last key block past the sequence's end: -inf before the max, 0 after the exp.
+  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const vi live = lane < static_cast<int32_t>(L - (blocks - 1) * W);
+  const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
+  for (int64_t i0 = 0; i0 < L; i0 += QB) {
+    const int rows = static_cast<int>(std::min<int64_t>(QB, L - i0));
+    const float* q[QB];  // a short last group repeats its last query and stores only `rows`
+    for (int r = 0; r < QB; ++r) q[r] = q0 + std::min<int64_t>(i0 + r, L - 1) * row;
+    for (int64_t b = 0; b < blocks; ++b) {
+      vf acc[QB] = {};
+      for (int64_t c = 0; c < d; ++c) {
+        const vf k = load(kT + c * Lp + b * W);
+        for (int r = 0; r < QB; ++r) acc[r] += q[r][c] * k;
+      }
+      if (b == blocks - 1)
+        for (int r = 0; r < QB; ++r) acc[r] = live ? acc[r] : neg_inf;
+      for (int r = 0; r < QB; ++r) store(p + r * Lp + b * W, acc[r]);
+    }
+    // Softmax, the QB rows step by step together so their dependency chains overlap.
+    vf m[QB], sum[QB] = {};
+    for (int r = 0; r < QB; ++r) m[r] = load(p + r * Lp);
+    for (int64_t b = 1; b < blocks; ++b)
+      for (int r = 0; r < QB; ++r) {
+        const vf x = load(p + r * Lp + b * W);
+        m[r] = x > m[r] ? x : m[r];
+      }
+    for (int r = 0; r < QB; ++r) m[r] = splat(hmax(m[r]));
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int r = 0; r < QB; ++r) {
+        vf e = exp_nonpositive(load(p + r * Lp + b * W) - m[r]);
+        if (b == blocks - 1) e = live ? e : vf{};
+        store(p + r * Lp + b * W, e);
+        sum[r] += e;
+      }
+    float inv[QB];
+    for (int r = 0; r < QB; ++r) inv[r] = 1.0f / hsum(sum[r]);
+    weighted_values<D>(v0, row, L, p, Lp, inv, rows, d, out + (base + i0) * H + h * d, H);
+  }
+}
+
+at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens, int64_t num_heads) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.is_contiguous(),
+              "varlen_attention: qkv must be a contiguous float32 CPU tensor [N, 3H]");
+  TORCH_CHECK(num_heads > 0 && qkv.size(1) % (3 * num_heads) == 0, "varlen_attention: 3H must split into 3 x heads");
+  TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1, "varlen_attention: cu_seqlens must run from 0 to N");
+  const at::Tensor cu = cu_seqlens.to(at::kLong).contiguous();
+  const int64_t N = qkv.size(0), H = qkv.size(1) / 3, d = H / num_heads, S = cu.numel() - 1;
+  const int64_t* starts = cu.data_ptr<int64_t>();
+  TORCH_CHECK(starts[0] == 0 && starts[S] == N, "varlen_attention: cu_seqlens must run from 0 to N");
+  int64_t max_len = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK(starts[s + 1] > starts[s], "varlen_attention: every sequence needs a token");
+    max_len = std::max(max_len, starts[s + 1] - starts[s]);
+  }
+  const int64_t Lp = (max_len + W - 1) / W * W;
+  at::Tensor out = at::empty({N, H}, qkv.options());
+  const float* src = qkv.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  // Tasks in head-major order: with as many threads as heads or fewer, each thread's share is
+  // whole heads over every sequence, so long and short sequences are spread evenly.
+  at::parallel_for(0, S * num_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> kT(d * Lp), p(QB * Lp);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task / S, s = task % S, L = starts[s + 1] - starts[s];
+      if (d == 32)
+        attend<32>(src, dst, starts[s], L, h, H, d, kT.data(), p.data());
+      else if (d == 64)
+        attend<64>(src, dst, starts[s], L, h, H, d, kT.data(), p.data());
+      else
+        attend<0>(src, dst, starts[s], L, h, H, d, kT.data(), p.data());
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(bertforge, m) {
+  m.def("varlen_attention(Tensor qkv, Tensor cu_seqlens, int num_heads) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(bertforge, CPU, m) { m.impl("varlen_attention", varlen_attention); }
