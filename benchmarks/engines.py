@@ -26,9 +26,17 @@ import numpy as np
 PAUSE_S = 0.5  # between timed passes, so no pass starts while another engine's threads wind down
 
 
-def _bertforge(model_dir: str, backend: str) -> Callable:
-    """bertforge's encoder on `backend` (the real `backends.load` path: fused, torch, compiled)."""
+def _bertforge(model_dir: str, backend: str, native: bool = True) -> Callable:
+    """bertforge's encoder on `backend` (the real `backends.load` path: fused, torch, compiled);
+    native=False: the fused path with attention in PyTorch ops, as where no compiler is found."""
+    import os
+
     import torch
+
+    from bertforge import kernels
+
+    if not native:
+        os.environ[kernels.SWITCH] = "0"
 
     from bertforge import BertModel
     from bertforge.backends import load
