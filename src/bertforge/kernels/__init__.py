@@ -74,7 +74,10 @@ def varlen_attention() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tens
     try:
         from torch.utils.cpp_extension import _get_build_directory, load
 
-        _clear_stale_lock(Path(_get_build_directory(name, verbose=False)) / "lock")
+        build_dir = Path(_get_build_directory(name, verbose=False))
+        _clear_stale_lock(build_dir / "lock")
+        if not (build_dir / f"{name}.so").exists():  # a first start pauses here; say why (with -v)
+            log.info("compiling the native attention kernel for this machine (%s), once: about 10 s", capability)
         load(name=name, sources=[str(_SOURCE)],
              extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS.get(capability, [])], is_python_module=False, verbose=False)
     except Exception as error:  # no compiler or no ninja: a slower path, not a wrong one
