@@ -34,11 +34,19 @@ def assert_same(a, b, tol=1e-4):
     assert a.shape == b.shape and (a - b).abs().max().item() <= tol
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native-attention", "torch-attention"])
+@pytest.fixture(params=[True, False], ids=["native-attention", "torch-attention"])
+def native(request, pair):
+    """Runs a test on each attention path of the shared fused model, then puts the default back
+    so the module's other tests see the path users get."""
+    fast = pair[1]
+    fused.fuse_for_inference(fast, native_attention=request.param)  # fused already: sets the path
+    yield request.param
+    fused.fuse_for_inference(fast)
+
+
 @torch.no_grad()
 def test_fused_gives_the_eager_numbers_padded_unpadded_and_packed(pair, native):
     eager, fast, tok = pair
-    fused.fuse_for_inference(fast, native_attention=native)  # fused already: this sets the attention path
     if native and shutil.which("c++"):
         assert fast.layers[0].forward.attend is not None, "the native attention kernel did not build"
     texts = sst2_sentences(40)
