@@ -39,7 +39,7 @@ def _bertforge(model_dir: str, backend: str, native: bool = True) -> Callable:
         os.environ[kernels.SWITCH] = "0"
 
     from bertforge import BertModel
-    from bertforge.backends import load
+    from bertforge.inference.backends import load
 
     model = load(BertModel.from_pretrained(model_dir), backend)
 
@@ -53,8 +53,8 @@ def _bertforge(model_dir: str, backend: str, native: bool = True) -> Callable:
 def _embed(model_dir: str, backend: str) -> Callable:
     """bertforge's `embed` pipeline on texts in file order (it sorts and batches them itself)."""
     from bertforge import BertModel, Tokenizer
-    from bertforge.backends import load
-    from bertforge.pipelines import embed
+    from bertforge.inference.backends import load
+    from bertforge.inference.pipelines import embed
 
     model, tokenizer = load(BertModel.from_pretrained(model_dir), backend), Tokenizer.from_pretrained(model_dir)
     return lambda texts: embed(model, tokenizer, texts, batch_size=32)

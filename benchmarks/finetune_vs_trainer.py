@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from bertforge.finetune import FinetuneConfig, build, run_finetune
-from bertforge.tokenizer import Tokenizer
+from bertforge.training.finetune import FinetuneConfig, build, run_finetune
+from bertforge.tokenization.tokenizer import Tokenizer
 
 from .common import DATA, RESULTS, machine, minilm_dir, need, save
 

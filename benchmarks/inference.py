@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from bertforge import BertConfig, Tokenizer
-from bertforge.export import export_onnx
-from bertforge.fused import fuse_for_inference
+from bertforge.inference.export import export_onnx
+from bertforge.inference.fused import fuse_for_inference
 
 from .common import DATA, inference_args, machine, minilm_dir, need, save
 from .engines import ctranslate2_encoder, timed_apart

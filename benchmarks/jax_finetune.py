@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bertforge.finetune import run_finetune
+from bertforge.training.finetune import run_finetune
 from bertforge.runconfig import FinetuneConfig
 
 from .common import DATA, machine, minilm_dir, need, save

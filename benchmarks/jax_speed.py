@@ -28,7 +28,7 @@ import transformers
 from bertforge import BertConfig, BertForPreTraining, BertModel, Tokenizer
 from bertforge import jax as bjax
 from bertforge.data.pretraining import MaskingCollator
-from bertforge.hf import from_hf_state_dict
+from bertforge.interop.hf import from_hf_state_dict
 from bertforge.jax.checkpoint import load_torch_state
 from bertforge.jax.train import make_optimizer, train_step as jax_step
 

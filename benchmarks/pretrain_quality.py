@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bertforge.pretrain import PretrainConfig, run_pretrain
-from bertforge.train import parse_duration
+from bertforge.training.pretrain import PretrainConfig, run_pretrain
+from bertforge.training.trainer import parse_duration
 
 from .common import RESULTS, machine, save, wikitext_articles
 

@@ -26,7 +26,7 @@ import transformers
 from bertforge import BertConfig, BertForPreTraining, Tokenizer
 from bertforge.data.pretraining import MaskingCollator, PretrainingExamples
 from bertforge.data.shards import TokenShards, prepare_documents
-from bertforge.hf import from_hf_state_dict
+from bertforge.interop.hf import from_hf_state_dict
 
 from .common import machine, median, minilm_dir, save, wikitext_articles
 

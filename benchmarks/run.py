@@ -137,7 +137,7 @@ def section_memory(args, result: dict) -> None:
 
 
 def section_finetune(args, result: dict) -> None:
-    from bertforge.finetune import FinetuneConfig, run_finetune
+    from bertforge.training.finetune import FinetuneConfig, run_finetune
 
     from .finetune_vs_trainer import run_trainer, subset
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from bertforge.heads import span_loss
+from bertforge.models.heads import span_loss
 
 
 LossFn = Callable[[torch.nn.Module, dict], torch.Tensor]

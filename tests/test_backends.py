@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 from bertforge.errors import InputError  # noqa: E402
-from bertforge.predict import run_predict  # noqa: E402
+from bertforge.inference.predict import run_predict  # noqa: E402
 
 from conftest import SENTENCES  # noqa: E402
 

@@ -3,7 +3,7 @@
 config.json: activations under all their accepted names, untied MLM decoders, the label maps,
 and the keys bertforge cannot honour. tokenizer_config.json: lower-casing, accents, CJK splitting
 and renamed special tokens, against transformers' AutoTokenizer on the same directory. The
-policy tables in `bertforge.config` are also checked against docs/config-fields.md, so the page
+policy tables in `bertforge.models.config` are also checked against docs/config-fields.md, so the page
 users read cannot drift from the code.
 """
 
@@ -22,10 +22,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import bertforge  # noqa: E402
-from bertforge.config import HIDDEN_ACT, NO_EFFECT, REFUSED_UNLESS, BertConfig  # noqa: E402
+from bertforge.models.config import HIDDEN_ACT, NO_EFFECT, REFUSED_UNLESS, BertConfig  # noqa: E402
 from bertforge.errors import ConfigError, TokenizerError  # noqa: E402
-from bertforge.model import activation  # noqa: E402
-from bertforge.tokenizer import Tokenizer  # noqa: E402
+from bertforge.models.layers import activation  # noqa: E402
+from bertforge.tokenization.tokenizer import Tokenizer  # noqa: E402
 
 from conftest import REPO, TINY  # noqa: E402
 
@@ -211,7 +211,7 @@ def test_special_tokens_map_and_config_must_agree(tmp_path, base_tokenizer):
 # ----------------------------------------------------------------------------- determinism
 TRAIN_SCRIPT = """
 import sys
-from bertforge.tokenizer import Tokenizer
+from bertforge.tokenization.tokenizer import Tokenizer
 Tokenizer.train([sys.argv[1]], vocab_size=600, min_frequency=1).save(sys.argv[2])
 """
 

@@ -1,4 +1,4 @@
-"""The fused CPU path (`bertforge.fused`): eager PyTorch's numbers on a real checkpoint, in every
+"""The fused CPU path (`bertforge.inference.fused`): eager PyTorch's numbers on a real checkpoint, in every
 input layout the encoder takes; never stale weights; the eager path wherever it cannot apply."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bertforge import BertModel, Tokenizer
-from bertforge import fused
+from bertforge.inference import fused
 from bertforge.data.batching import collate
 
 from conftest import sst2_sentences

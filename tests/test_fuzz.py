@@ -29,7 +29,7 @@ from bertforge.data.corpus import CorpusOptions, iter_documents
 from bertforge.data.ner import read_sentences
 from bertforge.data.qa import read_squad
 from bertforge.errors import BertforgeError
-from bertforge.pipelines import read_inputs
+from bertforge.inference.pipelines import read_inputs
 from bertforge.score import score_classification, score_ner, score_squad
 
 EXAMPLES = int(os.environ.get("BERTFORGE_FUZZ_EXAMPLES", "60"))

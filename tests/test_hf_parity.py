@@ -15,7 +15,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 import bertforge  # noqa: E402
-from bertforge.hf import BACKBONE_TABLE, HEAD_TABLE  # noqa: E402
+from bertforge.models.bert import HF_NAMES  # noqa: E402
 
 from conftest import TINY  # noqa: E402
 
@@ -181,16 +181,17 @@ def test_pytorch_model_bin_and_tf_layer_norm_names(tmp_path):
 
 def test_name_table_covers_every_parameter():
     """Every parameter of every head maps to a transformers name and back to itself."""
-    from bertforge.hf import _rename, _rules
+    from bertforge.interop.hf import _rename, _rules
 
     for name, _ in PAIRS:
         model = getattr(bertforge, name)(bertforge.BertConfig(**TINY))
         prefixed = hasattr(model, "bert")
         for key in model.state_dict():
-            theirs = _rename(key, _rules(prefixed, reverse=False))
+            theirs = _rename(key, _rules(HF_NAMES, prefixed, reverse=False))
             assert theirs is not None, key
-            assert _rename(theirs, _rules(prefixed, reverse=True)) == key
-    assert len({o for o, _ in BACKBONE_TABLE + HEAD_TABLE}) == len(BACKBONE_TABLE + HEAD_TABLE)
+            assert _rename(theirs, _rules(HF_NAMES, prefixed, reverse=True)) == key
+    table = HF_NAMES.backbone + HF_NAMES.heads
+    assert len({o for o, _ in table}) == len(table)
 
 
 def dropout_noise(model, ids, types, mask, draws: int) -> float:
@@ -234,7 +235,7 @@ def test_dropout_gives_the_same_mean_gradient_and_gradient_noise(tmp_path):
     # size is about 1 when the two agree, and the noise ratio compares the spread. A small
     # random model keeps this fast; without bertforge's embedding dropout both move far.
     from dropout_moments import compare, gradient_moments, ours_loss, theirs_loss
-    from bertforge.hf import hf_names
+    from bertforge.interop.hf import hf_names
 
     ours = bertforge.BertForQuestionAnswering(bertforge.BertConfig(**{**TINY, "hidden_size": 64}))
     assert ours.config.hidden_dropout_prob == ours.config.attention_probs_dropout_prob == 0.1

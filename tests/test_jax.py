@@ -13,9 +13,10 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from bertforge import BertConfig, Tokenizer  # noqa: E402
-from bertforge import heads as torch_heads  # noqa: E402
+from bertforge.models import heads as torch_heads  # noqa: E402
+from bertforge.models import registry as torch_registry  # noqa: E402
 from bertforge import jax as bjax  # noqa: E402
-from bertforge.model import BertModel as TorchBertModel  # noqa: E402
+from bertforge.models.bert import BertModel as TorchBertModel  # noqa: E402
 
 from conftest import TINY, shared  # noqa: E402
 
@@ -62,7 +63,7 @@ def test_checkpoints_move_both_ways(tmp_path, name):
     jmodel = bjax.bert.MODELS[name](config, nnx.Rngs(7))
     jmodel.eval()
     bjax.save_pretrained(jmodel, tmp_path / "from_jax")
-    tmodel = torch_heads.HEADS[name].cls.from_pretrained(tmp_path / "from_jax").eval() if name != "BertModel" else \
+    tmodel = torch_registry.HEADS[name].cls.from_pretrained(tmp_path / "from_jax").eval() if name != "BertModel" else \
         TorchBertModel.from_pretrained(tmp_path / "from_jax").eval()
     with torch.no_grad():
         t_out = tmodel(**{k: torch.from_numpy(v) for k, v in batch.items()})
@@ -73,7 +74,7 @@ def test_checkpoints_move_both_ways(tmp_path, name):
 
     # torch -> disk -> JAX
     torch.manual_seed(1)
-    source = torch_heads.HEADS[name].cls(config).eval() if name != "BertModel" else TorchBertModel(config).eval()
+    source = torch_registry.HEADS[name].cls(config).eval() if name != "BertModel" else TorchBertModel(config).eval()
     source.save_pretrained(tmp_path / "from_torch")
     loaded = bjax.from_pretrained(tmp_path / "from_torch")
     assert type(loaded).__name__ == name
@@ -113,7 +114,7 @@ def test_the_torch_path_never_imports_jax():
     import subprocess
     import sys
 
-    code = ("import sys, bertforge, bertforge.pipelines, bertforge.train, bertforge.cli; "
+    code = ("import sys, bertforge, bertforge.inference.pipelines, bertforge.training.trainer, bertforge.cli; "
             "sys.exit(1 if 'jax' in sys.modules or 'flax' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
@@ -144,9 +145,9 @@ def test_training_steps_match_the_torch_trainer(tmp_path):
     import json
 
     from bertforge.jax.train import make_optimizer, train_step
-    from bertforge.optim import warmup_linear, warmup_steps_for
+    from bertforge.training.optim import warmup_linear, warmup_steps_for
     from bertforge.runconfig import TrainConfig
-    from bertforge.train import Trainer
+    from bertforge.training.trainer import Trainer
 
     config = BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)

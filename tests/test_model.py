@@ -9,8 +9,8 @@ import torch
 
 from bertforge import (PRESETS, BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
                        BertModel, ConfigError)
-from bertforge.hf import to_hf_state_dict
-from bertforge.numpy_ref import bert_forward
+from bertforge.interop.hf import to_hf_state_dict
+from bertforge.models.numpy_ref import bert_forward
 
 from conftest import TINY
 
@@ -207,7 +207,7 @@ def test_unpadded_equals_padded_forward_and_backward():
 
 
 def test_packing_helpers_round_trip():
-    from bertforge.padding import pad, packing, unpad
+    from bertforge.models.padding import pad, packing, unpad
 
     _, _, mask = ragged_batch()
     x = torch.randn(*mask.shape, 5)
@@ -224,8 +224,8 @@ def test_packing_helpers_round_trip():
 def test_head_registry_describes_every_head():
     """Each registry entry names a transformers class and outputs its model really returns."""
     transformers = pytest.importorskip("transformers")
-    from bertforge.heads import HEADS, TASK_ARCHITECTURES
-    from bertforge.predict import TASKS as PREDICT_TASKS
+    from bertforge.models.registry import HEADS, TASK_ARCHITECTURES
+    from bertforge.inference.predict import TASKS as PREDICT_TASKS
 
     ids = torch.randint(5, TINY["vocab_size"], (2, 7))
     for name, info in HEADS.items():

@@ -118,7 +118,7 @@ def test_packed_batches_give_the_padded_loss_and_gradients():
 
 def test_finetune_build_packs_training_batches_only(minilm_dir, tmp_path):
     from bertforge import Tokenizer
-    from bertforge.finetune import FinetuneConfig, build
+    from bertforge.training.finetune import FinetuneConfig, build
     from conftest import shared
 
     train = shared("glue", "SST-2", "dev.tsv")

@@ -14,8 +14,8 @@ import torch
 
 from bertforge import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
                        BertForTokenClassification, BertModel, Tokenizer)
-from bertforge import pipelines
-from bertforge.predict import run_predict
+from bertforge.inference import pipelines
+from bertforge.inference.predict import run_predict
 
 from conftest import sst2_sentences
 

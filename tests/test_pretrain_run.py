@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertforge import BertConfig, BertForPreTraining, Tokenizer
-from bertforge.pretrain import PretrainConfig, run_pretrain
+from bertforge.training.pretrain import PretrainConfig, run_pretrain
 from bertforge.tasks.pretraining import PretrainingTask
 
 from corpus_utils import write_corpus
@@ -152,7 +152,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, corpus, tok
     monkeypatch.setattr(PretrainingTask, "loss", poisoned)
     cfg = PretrainConfig(corpus=[str(corpus)], tokenizer=str(tokenizer_dir), model="L2-H64", seq_len=32, batch_size=8,
                          max_steps=10, save_every=2, out=str(tmp_path / "run"), workers=1, progress=False)
-    from bertforge.train import TrainingDiverged
+    from bertforge.training.trainer import TrainingDiverged
 
     with pytest.raises(TrainingDiverged, match="loss became nan at step 5.*step-00000004"):
         run_pretrain(cfg)

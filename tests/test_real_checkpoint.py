@@ -8,7 +8,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from bertforge import BertModel, Tokenizer  # noqa: E402
-from bertforge.inspect_ckpt import inspect_checkpoint  # noqa: E402
+from bertforge.interop.inspect import inspect_checkpoint  # noqa: E402
 
 from conftest import sst2_sentences  # noqa: E402
 

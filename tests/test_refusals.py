@@ -22,7 +22,7 @@ import torch
 
 from bertforge import BertForSequenceClassification, Tokenizer
 from bertforge.errors import CheckpointError
-from bertforge.predict import run_predict
+from bertforge.inference.predict import run_predict
 
 from conftest import REPO, SENTENCES
 
@@ -126,7 +126,7 @@ def test_classify_endpoint_takes_pairs_and_refuses_unknown_fields(checkpoints):
     pytest.importorskip("fastapi")
     from server_utils import call, running_server
 
-    from bertforge.pipelines import classify
+    from bertforge.inference.pipelines import classify
 
     model = BertForSequenceClassification.from_pretrained(checkpoints["classifier"])
     tok = Tokenizer.from_pretrained(checkpoints["classifier"])

@@ -19,9 +19,9 @@ transformers = pytest.importorskip("transformers")
 
 from bertforge import BertModel, Tokenizer  # noqa: E402
 from bertforge.errors import ConfigError  # noqa: E402
-from bertforge.pipelines import embed  # noqa: E402
-from bertforge.predict import run_predict  # noqa: E402
-from bertforge.sentence_dir import POOLING_MODES, read_sentence_dir  # noqa: E402
+from bertforge.inference.pipelines import embed  # noqa: E402
+from bertforge.inference.predict import run_predict  # noqa: E402
+from bertforge.interop.sentence_dir import POOLING_MODES, read_sentence_dir  # noqa: E402
 
 TEXTS = ["A cat sits on the mat.", "Dogs RUN fast", "the quick brown fox jumps over the lazy dog again and again",
          "x", "Café au lait, naïve résumé"]

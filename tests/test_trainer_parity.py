@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from trainer_harness import trace  # noqa: E402
-from bertforge.finetune import FinetuneConfig  # noqa: E402
+from bertforge.training.finetune import FinetuneConfig  # noqa: E402
 
 from conftest import shared  # noqa: E402
 
@@ -59,7 +59,7 @@ def test_schedule_is_the_trainers_step_for_step(warmup, total):
     import transformers
     from transformers.optimization import get_linear_schedule_with_warmup
 
-    from bertforge.optim import warmup_linear, warmup_steps_for
+    from bertforge.training.optim import warmup_linear, warmup_steps_for
 
     steps = warmup_steps_for(warmup, total)
     assert steps == transformers.TrainingArguments(output_dir="x", warmup_steps=warmup).get_warmup_steps(total)

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 import transformers
 
-from bertforge.finetune import FinetuneConfig, build
-from bertforge.heads import span_loss
-from bertforge.hf import to_hf_state_dict
+from bertforge.training.finetune import FinetuneConfig, build
+from bertforge.models.heads import span_loss
+from bertforge.interop.hf import to_hf_state_dict
 from bertforge.tasks import FeatureTask, collate
-from bertforge.tokenizer import Tokenizer
-from bertforge.train import TrainConfig, Trainer
+from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge.training.trainer import TrainConfig, Trainer
 
 
 HF_HEADS = {"classify": "BertForSequenceClassification", "regress": "BertForSequenceClassification",
@@ -43,7 +43,7 @@ class SpanLossTrainer(transformers.Trainer):
     """The Trainer, its QA models scored with bertforge's span loss (padding left out of the softmax).
 
     QA is the one task where bertforge's loss differs from transformers' by design (see
-    `bertforge.heads.span_loss`); this Trainer takes that difference out, for the step trace
+    `bertforge.models.heads.span_loss`); this Trainer takes that difference out, for the step trace
     and for the `--trainer-loss bertforge` ablation. Other tasks keep transformers' own loss.
     """
 

@@ -12,20 +12,24 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "PRESETS": "config", "BertConfig": "config",
+    "PRESETS": "models.config", "BertConfig": "models.config",
     "BertforgeError": "errors", "CheckpointError": "errors", "ConfigError": "errors", "InputError": "errors",
     "TokenizerError": "errors",
-    "BertModel": "model",
-    "BertForPreTraining": "heads", "BertForMaskedLM": "heads", "BertForNextSentencePrediction": "heads",
-    "BertForSequenceClassification": "heads", "BertForTokenClassification": "heads",
-    "BertForQuestionAnswering": "heads",
-    "Tokenizer": "tokenizer",
+    "BertModel": "models.bert",
+    "BertForPreTraining": "models.heads", "BertForMaskedLM": "models.heads",
+    "BertForNextSentencePrediction": "models.heads",
+    "BertForSequenceClassification": "models.heads", "BertForTokenClassification": "models.heads",
+    "BertForQuestionAnswering": "models.heads",
+    "Tokenizer": "tokenization.tokenizer",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
+        if _EXPORTS[name].startswith("models."):
+            # The models know nothing of files; bertforge.interop plugs in from_pretrained / save_pretrained.
+            importlib.import_module(".interop", __name__)
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value
         return value

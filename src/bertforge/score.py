@@ -8,8 +8,8 @@ from pathlib import Path
 
 from .data.classification import LABEL_COLUMNS
 from .data.io import read_text
-from .data.qa import check_squad
 from .data.ner import read_conll, read_sentences, to_iob2
+from .data.qa import check_squad
 from .errors import InputError
 from .metrics import classification_metrics, entity_metrics, squad_metrics
 

@@ -18,7 +18,7 @@ import typer
 
 from ..constants import INFERENCE_BACKENDS
 from ..errors import BertforgeError
-from ..predict import TASKS as PREDICT_TASKS
+from ..inference.predict import TASKS as PREDICT_TASKS
 from ..runconfig import TASKS, FinetuneConfig, PretrainConfig
 from .build import command, settings_from
 
@@ -34,7 +34,7 @@ app.add_typer(score_app, name="score", help="score prediction files with the off
 
 
 def show(result: dict[str, Any], json: bool, title: str) -> None:
-    from ..runs import report
+    from ..training.runs import report
 
     report(result, json, title)
 
@@ -50,7 +50,7 @@ def inspect(path: str, json: bool = False) -> None:
         path: checkpoint directory
         json: print one JSON object instead of a table
     """
-    from ..inspect_ckpt import format_report, inspect_checkpoint
+    from ..interop.inspect import format_report, inspect_checkpoint
 
     info = inspect_checkpoint(path)
     print(jsonlib.dumps(info) if json else format_report(info))
@@ -73,7 +73,7 @@ def tokenizer_train(files: list[str], *, out: str, vocab_size: int = 30522, min_
         overwrite: replace a vocabulary already in --out
         json: print one JSON object instead of a summary
     """
-    from ..tokenizer import Tokenizer
+    from ..tokenization.tokenizer import Tokenizer
 
     target = Path(out)
     if not files:
@@ -112,7 +112,7 @@ def prepare(corpus: list[str], *, out: str, tokenizer: str, workers: int | None 
     """
     from ..data.corpus import CorpusOptions
     from ..data.shards import prepare as prepare_shards
-    from ..tokenizer import Tokenizer
+    from ..tokenization.tokenizer import Tokenizer
 
     if not corpus:
         raise BertforgeError("prepare needs a corpus: files, directories, globs or hf:NAME")
@@ -138,7 +138,7 @@ def pretrain(corpus: list[str], *, config: str | None = None, json: bool = False
         config: a JSON or YAML file of these settings (flags given here override it)
         json: print the final summary as one JSON object
     """
-    from ..pretrain import run_pretrain
+    from ..training.pretrain import run_pretrain
 
     cfg = settings_from(PretrainConfig, {**settings, "corpus": list(corpus or [])}, config, ctx)
     run_pretrain(cfg, as_json=json)
@@ -159,7 +159,7 @@ def finetune(task: Literal[TASKS], *, config: str | None = None, json: bool = Fa
         config: a JSON or YAML file of these settings (flags given here override it)
         json: print the final summary as one JSON object
     """
-    from ..finetune import run_finetune
+    from ..training.finetune import run_finetune
 
     run_finetune(settings_from(FinetuneConfig, settings, config, ctx, task=task), as_json=json)
 
@@ -185,7 +185,7 @@ def evaluate(task: Literal[TASKS], *, model: str, data: str, predictions: str | 
         json: print the metrics as one JSON object
     """
     from ..data.classification import Columns
-    from ..finetune import run_evaluate
+    from ..training.finetune import run_evaluate
 
     if predictions and Path(predictions).exists() and not overwrite:
         raise BertforgeError(f"{predictions}: exists; pass --overwrite to replace it")
@@ -223,12 +223,12 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
         against: similarity: file of candidates; print the --top-k matches of each input
         null_threshold: qa (SQuAD v2 models): answer '' above this null margin
         backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
-            torch (eager, as model.py reads), compiled
+            torch (eager, as models/bert.py reads), compiled
             (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
             against PyTorch at start-up), or jax (Flax NNX)
     """
-    from ..pipelines import read_inputs
-    from ..predict import run_predict
+    from ..inference.pipelines import read_inputs
+    from ..inference.predict import run_predict
 
     stdin = None if texts or input else sys.stdin.read().splitlines()
     inputs = read_inputs(list(texts or []), input, stdin)
@@ -269,7 +269,7 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         api_key: require 'Authorization: Bearer KEY' on every endpoint but /health and the API docs
         served_model_name: the name /v1/embeddings and /info use (default: the directory's name)
         backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
-            torch (eager, as model.py reads), compiled
+            torch (eager, as models/bert.py reads), compiled
             (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
             against PyTorch at start-up), or jax (Flax NNX)
     """
@@ -278,7 +278,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
     from ..errors import require
 
     require("serve", "fastapi", "uvicorn", "pydantic", "prometheus_client", "swagger_ui", what="bertforge serve")
-    from ..server import Limits, serve as run_server
+    from ..server import Limits
+    from ..server import serve as run_server
 
     run_server(model, host, port, Limits(max_body_bytes=max_body_bytes, max_texts=max_texts, max_chars=max_chars,
                                          batch_wait_ms=batch_wait_ms, max_batch_tokens=max_batch_tokens,
@@ -307,14 +308,15 @@ def attention(*, model: str, text: str, out: str, pair: str | None = None, layer
         overwrite: replace existing --out / --html files
         json: print one JSON object instead of a summary
     """
-    from ..model import BertModel
-    from ..tokenizer import Tokenizer
+    from ..interop.hf import load_pretrained
+    from ..models.bert import BertModel
+    from ..tokenization.tokenizer import Tokenizer
     from ..viz import attention_maps, plot_attention, write_attention_html
 
     for target in (out, html):
         if target and Path(target).exists() and not overwrite:
             raise BertforgeError(f"{target}: exists; pass --overwrite to replace it")
-    encoder = BertModel.from_pretrained(model)
+    encoder = load_pretrained(BertModel, model)
     tokens, attn = attention_maps(encoder, Tokenizer.from_pretrained(model), text, pair)
     n_layers, n_heads = attn.shape[:2]
     for name, value, limit in (("--layer", layer, n_layers), ("--head", head, n_heads)):
@@ -343,7 +345,7 @@ def export_onnx(*, model: str, out: str, int8: bool = False, opset: int = 18, ov
         overwrite: replace an existing --out
         json: print one JSON object instead of a summary
     """
-    from ..export import export_onnx as run_export
+    from ..inference.export import export_onnx as run_export
 
     show(run_export(model, out, int8=int8, opset=opset, overwrite=overwrite), json, "exported")
 
@@ -415,6 +417,6 @@ def demo(*, out: str = "bertforge-demo", model: str = "tiny", seed: int = 0, ove
         seed: seed of the new weights
         overwrite: allow writing into a non-empty --out
     """
-    from ..demo import run_demo
+    from .demo import run_demo
 
     run_demo(Path(out), preset=model, seed=seed, overwrite=overwrite)

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..errors import InputError
 from ..constants import IGNORE_INDEX
+from ..errors import InputError
+
 LABEL_KEYS = ("labels", "next_sentence_label", "start_positions", "end_positions")
 
 

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from ..constants import IGNORE_INDEX
-from ..tokenizer import Tokenizer
+from ..runconfig import MaskingSettings as MaskingConfig  # noqa: F401  (the collator reads these settings)
+from ..tokenization.tokenizer import Tokenizer
 from .batching import collate
 from .shards import TokenShards
-from ..runconfig import MaskingSettings as MaskingConfig  # noqa: F401  (the collator reads these settings)
 
 # Columns of an NSP instance row.
 A_START, A_END, B_START, B_END, A_FRONT, A_BACK, B_FRONT, B_BACK, IS_RANDOM = range(9)

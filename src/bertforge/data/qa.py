@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..tokenization.tokenizer import Tokenizer
 from .io import read_text
-from ..tokenizer import Tokenizer
 
 log = logging.getLogger("bertforge")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..tokenizer import Tokenizer
+from ..tokenization.tokenizer import Tokenizer
 from .corpus import CorpusOptions, iter_documents, split_sentences
 
 FORMAT = "bertforge-shards-v1"

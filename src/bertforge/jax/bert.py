@@ -1,9 +1,9 @@
-"""BERT in JAX with Flax NNX, top to bottom, mirroring `bertforge/model.py` module for module.
+"""BERT in JAX with Flax NNX, top to bottom, mirroring `bertforge/models/bert.py` module for module.
 
 embeddings -> N x (self-attention, feed-forward) -> pooler, post-LN, exact-erf GELU; then the
 heads: masked-LM (tied decoder, logits only at labelled positions when labels are given), NSP,
 and sequence classification. Attribute names are the torch model's (`embeddings.word`,
-`layers[i].attention.query`, `ffn.up`, ...), so one name table (`bertforge.hf`) serves both.
+`layers[i].attention.query`, `ffn.up`, ...), so one name table (`bertforge.interop.hf`) serves both.
 
 Shapes: B = batch, T = sequence length, H = hidden size, nh = heads, hd = H / nh, V = vocabulary.
 Dropout follows `model.train()` / `model.eval()` (NNX's deterministic flag), as on the torch side.
@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..config import HIDDEN_ACT, BertConfig
 from ..constants import IGNORE_INDEX
+from ..models.config import HIDDEN_ACT, BertConfig
 
 
 def seeded(seed: int) -> nnx.Rngs:

@@ -3,7 +3,7 @@
 Loading goes through the torch model of the same architecture: its `from_pretrained` applies
 every config rule (fields honoured or refused), the safe weight readers (safetensors, or
 `pytorch_model.bin` through torch's weights-only unpickler) and the one name table in
-`bertforge.hf`. The NNX modules carry the torch modules' attribute names, so the state dict
+`bertforge.interop.hf`. The NNX modules carry the torch modules' attribute names, so the state dict
 then maps onto them by path, with only the layout of each tensor changed (a Linear's kernel is
 the transpose of torch's weight). Saving runs the same road backwards, so `transformers` and
 bertforge read what the JAX side writes with no missing keys.
@@ -23,7 +23,7 @@ from .bert import MODELS, seeded
 
 
 def _torch_class(architecture: str):
-    from ..heads import HEADS
+    from ..models.registry import HEADS
 
     return HEADS[architecture].cls
 
@@ -83,7 +83,7 @@ def torch_state(model: nnx.Module, torch_model) -> dict[str, Any]:
 def from_pretrained(path: str | Path, architecture: str | None = None) -> nnx.Module:
     """A checkpoint directory as a Flax NNX model, in evaluation mode: its own architecture
     (config.json's `architectures`), or `architecture` (e.g. "BertModel" to read only the encoder)."""
-    from ..hf import architecture_of
+    from ..interop.hf import architecture_of
 
     architecture = architecture or architecture_of(path)
     if architecture not in MODELS:

@@ -1,5 +1,5 @@
 """Where the JAX loop's arrays live: the only JAX module that knows about devices (as
-`distributed.py` is for torch).
+`training/distributed.py` is for torch).
 
 With one device (a CPU, one GPU) nothing changes. With several (`jax.devices()` on a multi-GPU
 host, or `XLA_FLAGS=--xla_force_host_platform_device_count=N` on a CPU) the loop trains data

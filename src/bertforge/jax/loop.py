@@ -1,7 +1,7 @@
 """The JAX engine of the one training loop: `bertforge pretrain --backend jax` and
 `bertforge finetune classify --backend jax`.
 
-`JaxTrainer` is the torch `Trainer` (`bertforge/train.py`: schedule, stopping rules, logging,
+`JaxTrainer` is the torch `Trainer` (`bertforge/training/trainer.py`: schedule, stopping rules, logging,
 evaluation, best-model selection, atomic checkpoints, resume) with its engine swapped: the
 optimizer is optax's, and one optimizer step is the jit-compiled `train_step` of `jax/train.py`.
 It reads the same task unchanged (the corpus readers, shards, NSP pairs and the masking
@@ -28,11 +28,11 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from ..checkpoint import read_trainer_state
 from ..constants import IGNORE_INDEX
 from ..errors import BertforgeError, CheckpointError
 from ..runconfig import TrainConfig
-from ..train import Trainer, _Window
+from ..training.checkpoint import read_trainer_state
+from ..training.trainer import Trainer, _Window
 from . import devices
 from .checkpoint import load_torch_state, torch_state
 from .train import make_optimizer, train_step
@@ -183,7 +183,7 @@ class JaxTrainer(Trainer):
 
 def jax_trainer(model, task, config: TrainConfig, run_info: dict[str, Any], seq_len: int, pad_id: int) -> JaxTrainer:
     """A `JaxTrainer` for `model` (torch): an NNX model of its architecture, from its weights."""
-    from .. import distributed as dist
+    from ..training import distributed as dist
     from .bert import MODELS, seeded
 
     if dist.world_size() > 1:

@@ -1,6 +1,6 @@
 """The JAX training step: one `nnx.jit`-compiled optimizer step over a stack of micro-batches.
 
-It follows the torch loop (`bertforge/train.py`) term by term, so the two take the same steps:
+It follows the torch loop (`bertforge/training/trainer.py`) term by term, so the two take the same steps:
 - the loss is the model's (masked MLM over labelled positions, plus NSP);
 - gradient accumulation averages the micro-batches' gradients, as `(loss / accum).backward()` does;
 - clipping scales by min(1, max_norm / (global norm + 1e-6)), as `clip_grad_norm_`;
@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-
 
 
 def decay_mask(params: Any) -> Any:

@@ -12,21 +12,13 @@ from pathlib import Path
 
 from .batching import Admission, Overloaded, TokenBatcher
 from .metrics import ServerMetrics, route_label
-from .schemas import DIALECT
+from .schemas import DIALECT, Refused
 from .service import Limits, Service
 
 log = logging.getLogger("bertforge")
 
 
 OPEN_PATHS = ("/health", "/docs", "/openapi.json")
-
-
-class Refused(Exception):
-    """An answer other than 200, with its status and one line saying why."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def error_response(path: str, status: int, message: str, headers: dict | None = None):

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .app import Refused
-from .schemas import ERRORS, OPENAI_ERRORS, request_models
+from .schemas import ERRORS, OPENAI_ERRORS, Refused, request_models
 from .service import Service
 
 Submit = Callable[[str, list, int], Awaitable[list]]

@@ -42,6 +42,14 @@ def either(key: str, with_key: type, without_key: type) -> Any:
                      Discriminator(pick)]
 
 
+class Refused(Exception):
+    """An answer other than 200, with its status and one line saying why (`ErrorBody` is its shape)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class ErrorBody(BaseModel):
     """Every error answer: one line saying what is wrong, naming the field or limit."""
 

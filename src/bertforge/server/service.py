@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, pipelines
+from .. import __version__
 from ..constants import INFERENCE_BACKENDS
 from ..errors import InputError
+from ..inference import pipelines
 
 
 @dataclass
@@ -50,14 +51,14 @@ class Service:
     def __init__(self, model_dir: str, limits: Limits) -> None:
         import torch
 
-        from ..heads import head_info
-        from ..hf import architecture_of
-        from ..sentence_dir import sentence_pipeline
-        from ..tokenizer import Tokenizer
+        from ..interop.hf import architecture_of
+        from ..interop.sentence_dir import sentence_pipeline
+        from ..models.registry import head_info
+        from ..tokenization.tokenizer import Tokenizer
 
         self.model_dir, self.limits = model_dir, limits
         self.architecture = architecture_of(model_dir)
-        from ..backends import load
+        from ..inference.backends import load
 
         self.model = load(head_info(self.architecture).cls.from_pretrained(model_dir), limits.backend)
         self.config = self.model.config

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import BertConfig
 from ..data.batching import collate
 from ..errors import InputError
-from ..inference import device_of, run_sorted
+from ..inference.loop import device_of, run_sorted
+from ..interop.hf import load_pretrained
+from ..models.config import BertConfig
 from ..runconfig import FinetuneConfig
-from ..tokenizer import Tokenizer
+from ..tokenization.tokenizer import Tokenizer
 
 
 class FeatureTask:
@@ -72,9 +73,9 @@ def new_model(cfg: FinetuneConfig, cls: type, labels: list[str] | None, tokenize
                 raise InputError(f"{cfg.model}: the model's labels ({', '.join(existing.id2label.values())}) differ "
                                  f"from the data's ({', '.join(labels)}); start from a backbone checkpoint instead")
             id2label = existing.id2label  # keep the checkpoint's label order
-        return cls.from_pretrained(cfg.model, num_labels=num_labels, id2label=id2label,
-                                   label2id={v: k for k, v in id2label.items()} if id2label else None,
-                                   problem_type=problem)
+        return load_pretrained(cls, cfg.model, num_labels=num_labels, id2label=id2label,
+                               label2id={v: k for k, v in id2label.items()} if id2label else None,
+                               problem_type=problem)
     config = BertConfig.from_preset(cfg.model, vocab_size=tokenizer.vocab_size, num_labels=num_labels,
                                     id2label=id2label, problem_type=problem)
     return cls(config)

@@ -3,12 +3,11 @@ task -> metric (accuracy / F1 / MCC, or Pearson / Spearman)."""
 
 from __future__ import annotations
 
-from ..data.classification import (Columns, check_labels, label_set, read_examples, regression_targets,
-                                   truncate_ids)
-from ..heads import BertForSequenceClassification
+from ..data.classification import Columns, check_labels, label_set, read_examples, regression_targets, truncate_ids
 from ..metrics import classification_metrics, regression_metrics
+from ..models.heads import BertForSequenceClassification
 from ..runconfig import FinetuneConfig
-from ..tokenizer import Tokenizer
+from ..tokenization.tokenizer import Tokenizer
 from .base import FeatureTask, new_model
 
 

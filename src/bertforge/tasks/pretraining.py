@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import BertConfig
 from ..data.pretraining import MaskingCollator, PretrainingExamples
 from ..data.shards import TokenShards
 from ..errors import BertforgeError
-from ..heads import BertForMaskedLM, BertForPreTraining
+from ..interop.hf import load_pretrained
+from ..models.config import BertConfig
+from ..models.heads import BertForMaskedLM, BertForPreTraining
 from ..runconfig import PretrainConfig
-from ..tokenizer import Tokenizer
+from ..tokenization.tokenizer import Tokenizer
 
 
 class PretrainingTask:
@@ -87,7 +88,7 @@ def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
     cls = BertForPreTraining if cfg.objective == "mlm+nsp" else BertForMaskedLM
     name = cfg.model or ("base" if cfg.corpus else "tiny")
     if Path(name).is_dir():
-        model = cls.from_pretrained(name)
+        model = load_pretrained(cls, name)
         if model.config.vocab_size < tokenizer.vocab_size:
             raise BertforgeError(f"{name}: vocab_size {model.config.vocab_size} is smaller than the tokenizer's "
                                  f"{tokenizer.vocab_size}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from ..data.qa import best_answers, qa_features, read_squad
 from ..errors import BertforgeError
-from ..heads import BertForQuestionAnswering
 from ..metrics import squad_metrics
+from ..models.heads import BertForQuestionAnswering
 from ..runconfig import FinetuneConfig
-from ..tokenizer import Tokenizer
+from ..tokenization.tokenizer import Tokenizer
 from .base import FeatureTask, new_model
 
 

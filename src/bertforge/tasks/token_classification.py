@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from ..data.ner import align_labels, read_sentences
 from ..errors import InputError
-from ..heads import IGNORE_INDEX, BertForTokenClassification
 from ..metrics import entity_metrics
+from ..models.heads import IGNORE_INDEX, BertForTokenClassification
 from ..runconfig import FinetuneConfig
-from ..tokenizer import Tokenizer
+from ..tokenization.tokenizer import Tokenizer
 from .base import FeatureTask, new_model
 
 

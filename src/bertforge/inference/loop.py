@@ -1,6 +1,6 @@
 """The one inference loop: features in length-sorted batches through a model, results in input order.
 
-Task evaluation (`tasks.py`), every pipeline (`pipelines.py`) and so the CLI and the server all
+Task evaluation (`tasks/`), every pipeline (`pipelines.py`) and so the CLI and the server all
 run through `run_sorted`. Sorting by length keeps padding per batch small (and the model unpads
 what is left); the longest batch goes first, so memory peaks at the start rather than at the end.
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .data.batching import collate
+from ..data.batching import collate
 
 
 def length_batches(lengths: list[int], batch_size: int) -> Iterator[list[int]]:

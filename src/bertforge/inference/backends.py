@@ -1,7 +1,7 @@
 """Inference backends: the same model run by PyTorch, oneDNN's fused kernels, the compiled
 encoder, ONNX Runtime or JAX.
 
-- `torch`: eager PyTorch, the encoder exactly as `model.py` reads;
+- `torch`: eager PyTorch, the encoder exactly as `models/bert.py` reads;
 - `fused`: the same modules with oneDNN doing more per call (`fused.py`: one QKV matmul,
   pre-packed weights, GELU and residual adds fused into the matmuls, unpadding kept, attention
   in a native kernel compiled once per machine); equal to `torch` up to summation order
@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .constants import INFERENCE_BACKENDS
-from .errors import InputError
+from ..constants import INFERENCE_BACKENDS
+from ..errors import InputError
 
 BACKENDS = INFERENCE_BACKENDS
 DEFAULT = BACKENDS[0]
@@ -169,8 +169,8 @@ class JaxModel(ForeignModel):
     def __init__(self, model: torch.nn.Module, backbone_only: bool = False) -> None:
         import jax
 
-        from .jax.checkpoint import load_torch_state
-        from .jax.bert import MODELS, seeded
+        from ..jax.bert import MODELS, seeded
+        from ..jax.checkpoint import load_torch_state
 
         architecture = "BertModel" if backbone_only else model.hf_architecture
         if architecture not in MODELS:
@@ -217,7 +217,7 @@ def load(model: torch.nn.Module, backend: str) -> Any:
             return model.eval()
         return fused.fuse_for_inference(model)
     if backend == "jax":
-        from .errors import require
+        from ..errors import require
 
         require("jax", "jax", "flax", "optax", what="--backend jax")
         return JaxModel(model)
@@ -225,7 +225,7 @@ def load(model: torch.nn.Module, backend: str) -> Any:
         from .pipelines import compile_for_inference
 
         return compile_for_inference(model.eval())
-    from .errors import require
+    from ..errors import require
 
     require("export", "onnx", "onnxruntime", "onnxscript", what=f"--backend {backend}")
     if backend == "openvino":

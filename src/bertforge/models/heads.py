@@ -1,7 +1,7 @@
 """Task heads composed on the shared `BertModel` backbone.
 
 Each head class holds the backbone as `self.bert` (the attribute name every BERT
-checkpoint uses) plus a few small layers, and returns logits and, given labels,
+checkpoint uses; `registry.py` says which head serves which task) plus a few small layers, and returns logits and, given labels,
 a loss. The masked-LM head follows google-research/bert: it gathers the hidden
 states of the predicted positions first and runs the vocabulary projection on
 those alone, so training never builds a [B, T, vocab] tensor.
@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..constants import IGNORE_INDEX
+from .bert import BertModel, BertPreTrainedModel
 from .config import BertConfig
-from .constants import IGNORE_INDEX
-from .model import BertModel, BertPreTrainedModel, activation
-
+from .layers import activation
 
 
 @dataclass
@@ -314,51 +314,3 @@ def span_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positi
         start_logits = start_logits.masked_fill(padding, torch.finfo(torch.float32).min)
         end_logits = end_logits.masked_fill(padding, torch.finfo(torch.float32).min)
     return (F.cross_entropy(start_logits, start, ignore_index=T) + F.cross_entropy(end_logits, end, ignore_index=T)) / 2
-
-
-@dataclass(frozen=True)
-class HeadInfo:
-    """What one head is for, written once here; predict, evaluate, serve, inspect and export read it.
-
-    cls: the model class; its `hf_architecture` is the name config.json gives it.
-    tasks: the `predict` / `evaluate` tasks it serves, each also a `serve` endpoint of the same
-        name (every model also serves `embed` and `similarity` through its encoder).
-    labels: what its outputs index: hidden units, the vocabulary, classes, tags or token positions.
-    outputs: its output tensors, in order, by the names an ONNX export gives them.
-    weights: the checkpoint key prefix of its own weights and a name for them (`bertforge inspect`).
-    """
-
-    cls: type[BertPreTrainedModel]
-    tasks: tuple[str, ...]
-    labels: str
-    outputs: tuple[str, ...]
-    weights: tuple[str, str] | None
-
-
-# Adding a head means adding its class above and one line here.
-HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for info in (
-    HeadInfo(BertModel, (), "hidden", ("last_hidden_state", "pooler_output"), None),
-    HeadInfo(BertForMaskedLM, ("fill-mask",), "vocabulary", ("logits",), ("cls.predictions.", "masked-LM")),
-    HeadInfo(BertForPreTraining, ("fill-mask",), "vocabulary", ("logits",), ("cls.predictions.", "masked-LM")),
-    HeadInfo(BertForNextSentencePrediction, (), "is-next / not-next", ("logits",),
-             ("cls.seq_relationship.", "next-sentence prediction")),
-    HeadInfo(BertForSequenceClassification, ("classify", "regress"), "classes (id2label), or one value",
-             ("logits",), ("classifier.", "classifier")),
-    HeadInfo(BertForTokenClassification, ("ner",), "tags per token (id2label)", ("logits",),
-             ("classifier.", "classifier")),
-    HeadInfo(BertForQuestionAnswering, ("qa",), "answer start and end positions", ("start_logits", "end_logits"),
-             ("qa_outputs.", "question answering (start/end)")),
-)}
-# Every class that `from_pretrained` can build, by the transformers architecture name.
-ARCHITECTURES: dict[str, type[BertPreTrainedModel]] = {name: info.cls for name, info in HEADS.items()}
-# The architectures that can serve each task. A checkpoint is used for a task only when its config.json
-# names one of them: a classifier's weights fit a token classifier's shapes, so only `architectures`
-# can tell the two apart.
-TASK_ARCHITECTURES: dict[str, tuple[str, ...]] = {
-    task: tuple(name for name, info in HEADS.items() if task in info.tasks)
-    for task in dict.fromkeys(t for info in HEADS.values() for t in info.tasks)}
-
-
-def head_info(architecture: str) -> HeadInfo:
-    """The registry entry for a config.json's architecture; an unknown one is used as the bare encoder."""
-    return HEADS.get(architecture, HEADS["BertModel"])

@@ -26,12 +26,12 @@ from typing import Any, Protocol
 
 import torch
 
+from ..errors import BertforgeError
+from ..runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
 from . import distributed as dist
 from .checkpoint import (latest_checkpoint, load_best_weights, load_checkpoint, read_trainer_state, save_checkpoint,
                          torch_files)
-from .errors import BertforgeError
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
-from .runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
 
 
 class TrainingDiverged(BertforgeError):
@@ -329,20 +329,6 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=self.state["horizon"], initial=initial, unit="step", dynamic_ncols=True, desc="train")
-
-
-def make_trainer(model: torch.nn.Module, task: Task, config: TrainConfig, run_info: dict[str, Any],
-                 seq_len: int, pad_id: int) -> "Trainer":
-    """The loop for `config.backend`: the torch `Trainer`, or the same loop on JAX (`jax/loop.py`,
-    imported only then, so the torch path never loads JAX). seq_len and pad_id: how JAX pads."""
-    if config.backend == "jax":
-        from .errors import require
-
-        require("jax", "jax", "flax", "optax", what="--backend jax")
-        from .jax.loop import jax_trainer
-
-        return jax_trainer(model, task, config, run_info, seq_len, pad_id)
-    return Trainer(model, task, config, run_info)
 
 
 REPORT_EVERY_S = 30.0  # seconds between progress lines on stderr when no progress bar is shown

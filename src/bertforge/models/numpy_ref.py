@@ -1,6 +1,6 @@
 """BERT's encoder in plain NumPy, written to be read, and used by the tests as an independent oracle.
 
-It takes weights under transformers' names (as `bertforge.hf.to_hf_state_dict` or any
+It takes weights under transformers' names (as `bertforge.interop.hf.to_hf_state_dict` or any
 HF checkpoint gives them) and computes everything in float64, so it shares no code
 path with the torch model: no SDPA, no nn.Linear, no torch at all.
 """

@@ -25,47 +25,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import BertConfig
-from .errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
+from ..jsonfile import read_json_object
+from ..models.base import NameTable
+from ..models.registry import ARCHITECTURES, Family, family
 
 log = logging.getLogger("bertforge")
-
-# bertforge module name -> transformers module name. `{i}` stands for a layer index.
-# Backbone names are relative to the backbone; head models put both under `bert.`.
-BACKBONE_TABLE: list[tuple[str, str]] = [
-    ("embeddings.word", "embeddings.word_embeddings"),
-    ("embeddings.position", "embeddings.position_embeddings"),
-    ("embeddings.segment", "embeddings.token_type_embeddings"),
-    ("embeddings.norm", "embeddings.LayerNorm"),
-    ("layers.{i}.attention.query", "encoder.layer.{i}.attention.self.query"),
-    ("layers.{i}.attention.key", "encoder.layer.{i}.attention.self.key"),
-    ("layers.{i}.attention.value", "encoder.layer.{i}.attention.self.value"),
-    ("layers.{i}.attention.out", "encoder.layer.{i}.attention.output.dense"),
-    ("layers.{i}.attention_norm", "encoder.layer.{i}.attention.output.LayerNorm"),
-    ("layers.{i}.ffn.up", "encoder.layer.{i}.intermediate.dense"),
-    ("layers.{i}.ffn.down", "encoder.layer.{i}.output.dense"),
-    ("layers.{i}.ffn_norm", "encoder.layer.{i}.output.LayerNorm"),
-    ("pooler.dense", "pooler.dense"),
-]
-HEAD_TABLE: list[tuple[str, str]] = [
-    ("mlm.transform.dense", "cls.predictions.transform.dense"),
-    ("mlm.transform.norm", "cls.predictions.transform.LayerNorm"),
-    ("mlm.bias", "cls.predictions.bias"),
-    ("mlm.decoder", "cls.predictions.decoder"),  # only with tie_word_embeddings: false
-    ("nsp", "cls.seq_relationship"),
-    ("classifier", "classifier"),
-    ("qa_outputs", "qa_outputs"),
-]
-BACKBONE_PREFIX = "bert."
-
-# Keys a checkpoint may hold that carry no information of their own: buffers, and the MLM
-# decoder's bias (the same tensor as cls.predictions.bias).
-DERIVED_KEYS = re.compile(r"(^|\.)embeddings\.position_ids$|(^|\.)embeddings\.token_type_ids$"
-                           r"|^cls\.predictions\.decoder\.bias$")
-# The decoder matrix is derived too when it is tied to the word embeddings (transformers then
-# ignores a stored copy); with tie_word_embeddings: false it is a parameter of its own.
-TIED_DECODER_KEY = "cls.predictions.decoder.weight"
-
 
 def _compile(table: list[tuple[str, str]], prefix: str, reverse: bool) -> list[tuple[re.Pattern, str]]:
     """Regexes for one direction of the table; `{i}` becomes a captured layer number."""
@@ -77,9 +42,19 @@ def _compile(table: list[tuple[str, str]], prefix: str, reverse: bool) -> list[t
     return rules
 
 
-def _rules(has_backbone_prefix: bool, reverse: bool) -> list[tuple[re.Pattern, str]]:
-    prefix = BACKBONE_PREFIX if has_backbone_prefix else ""
-    return _compile(BACKBONE_TABLE, prefix, reverse) + _compile(HEAD_TABLE, "", reverse)
+def names_of(model: torch.nn.Module) -> NameTable:
+    """The name table of the model's architecture (its registry row)."""
+    return family(model.model_type).names
+
+
+def has_backbone_prefix(model: torch.nn.Module) -> bool:
+    """A head model holds its backbone under the table's prefix (`bert`); a bare backbone does not."""
+    return hasattr(model, names_of(model).prefix)
+
+
+def _rules(table: NameTable, has_backbone_prefix: bool, reverse: bool) -> list[tuple[re.Pattern, str]]:
+    prefix = table.prefix + "." if has_backbone_prefix else ""
+    return _compile(list(table.backbone), prefix, reverse) + _compile(list(table.heads), "", reverse)
 
 
 def _rename(key: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
@@ -97,7 +72,7 @@ def _rename(key: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
 def hf_names(model: torch.nn.Module) -> dict[str, str]:
     """Each of our state-dict keys -> transformers' name for the same tensor (a tied MLM decoder is
     no entry of ours, so it is left out, as transformers does). Also names parameters."""
-    rules = _rules(hasattr(model, "bert"), reverse=False)
+    rules = _rules(names_of(model), has_backbone_prefix(model), reverse=False)
     out = {}
     for key in model.state_dict():
         name = _rename(key, rules)
@@ -146,20 +121,23 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     untied = _untied_decoder(model)
     if "cls.predictions.decoder.bias" in state and (untied or "cls.predictions.bias" not in state):
         state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
-    state = {k: v for k, v in state.items() if not DERIVED_KEYS.search(k)}
+    table = names_of(model)
+    derived = re.compile(table.derived)
+    state = {k: v for k, v in state.items() if not derived.search(k)}
     if not untied:
-        state.pop(TIED_DECODER_KEY, None)
+        state.pop(table.tied_decoder, None)
 
-    wants_prefix = hasattr(model, "bert")
-    ckpt_has_prefix = any(k.startswith(BACKBONE_PREFIX) for k in state)
+    prefix = table.prefix + "."
+    wants_prefix = has_backbone_prefix(model)
+    ckpt_has_prefix = any(k.startswith(prefix) for k in state)
     if wants_prefix and not ckpt_has_prefix:  # a backbone-only checkpoint into a head model
-        state = {(BACKBONE_PREFIX + k if not _is_head_key(k) else k): v for k, v in state.items()}
+        state = {(prefix + k if not _is_head_key(k, table) else k): v for k, v in state.items()}
     report = LoadReport()
     if not wants_prefix and ckpt_has_prefix:  # a full checkpoint into the bare backbone: heads unused
-        report.unexpected_keys = [k for k in state if not k.startswith(BACKBONE_PREFIX)]
-        state = {k[len(BACKBONE_PREFIX):]: v for k, v in state.items() if k.startswith(BACKBONE_PREFIX)}
+        report.unexpected_keys = [k for k in state if not k.startswith(prefix)]
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
-    rules = _rules(wants_prefix, reverse=True)
+    rules = _rules(table, wants_prefix, reverse=True)
     ours = model.state_dict()
     renamed: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
@@ -168,7 +146,7 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
             report.unexpected_keys.append(key)
             continue
         if tuple(tensor.shape) != tuple(ours[name].shape):
-            if new_head and _is_head_key(key):
+            if new_head and _is_head_key(key, table):
                 report.unexpected_keys.append(key)
                 continue
             raise CheckpointError(
@@ -181,8 +159,9 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     return report
 
 
-def _is_head_key(key: str) -> bool:
-    return any(key == h or key.startswith(h + ".") for _, h in HEAD_TABLE) or key.startswith("cls.")
+def _is_head_key(key: str, table: NameTable) -> bool:
+    """A key of a head layer: its first part is the first part of a head entry (`cls`, `classifier`, ...)."""
+    return key.split(".", 1)[0] in {theirs.split(".", 1)[0] for _, theirs in table.heads}
 
 
 def weights_files(path: Path) -> list[Path]:
@@ -226,20 +205,35 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def read_config(path: str | Path) -> BertConfig:
+def _config_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint directory's config.json as a dict, refusing a missing or malformed one by name."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
-    if not (path / "config.json").is_file():
+    file = path / "config.json"
+    if not file.is_file():
         raise CheckpointError(f"{path}: no config.json; a checkpoint directory holds config.json and model weights")
-    return BertConfig.from_json(path / "config.json")
+    return file, read_json_object(file, ConfigError)
+
+
+def family_of(path: str | Path) -> Family:
+    """The registry row of the directory's `model_type` ('bert' when config.json names none, as transformers'
+    BERT files of old did); an unknown model_type is refused naming the supported ones."""
+    file, data = _config_json(path)
+    return family(data.get("model_type", "bert"), source=str(file))
+
+
+def read_config(path: str | Path):
+    """The directory's config, as its family's config class (every field honoured or refused)."""
+    file, _ = _config_json(path)
+    return family_of(path).config.from_json(file)
 
 
 def architecture_of(path: str | Path) -> str:
-    """The `architectures[0]` a config.json names, or "BertModel" when it names none."""
+    """The `architectures[0]` a config.json names, or its family's bare encoder when it names none."""
     read_config(path)  # refuses a missing or malformed config.json with a message naming it
-    data = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    archs = data.get("architectures") or ["BertModel"]
+    _, data = _config_json(path)
+    archs = data.get("architectures") or [family_of(path).backbone.hf_architecture]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise CheckpointError(f"{path}/config.json: key 'architectures' must be a list of class names, got {archs!r}")
     return archs[0]
@@ -248,13 +242,11 @@ def architecture_of(path: str | Path) -> str:
 def load_for_task(task: str, path: str | Path, accepted: tuple[str, ...]):
     """Load the checkpoint at `path` for `task`, refusing it unless config.json's `architectures`
     names one of `accepted` (head classes, the one to build first)."""
-    from .heads import ARCHITECTURES
-
     architecture = architecture_of(path)
     if architecture not in accepted:
         raise CheckpointError(f"{path}: config.json names architecture {architecture}, which has no head for "
                               f"{task}; it needs {' or '.join(accepted)} (fine-tune the model for {task} first)")
-    return ARCHITECTURES[architecture].from_pretrained(path)
+    return load_pretrained(ARCHITECTURES[architecture], path)
 
 
 def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
@@ -266,13 +258,14 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
         if "num_labels" in config_overrides and "id2label" not in config_overrides:
             if config.id2label and len(config.id2label) != config_overrides["num_labels"]:
                 fields["id2label"] = fields["label2id"] = None
-        config = BertConfig(**fields)
+        config = type(config)(**fields)
     model = cls(config)
     state: dict[str, torch.Tensor] = {}
     for file in weights_files(path):
         state.update(read_weights(file))
     report = from_hf_state_dict(model, state, source=str(path), new_head="num_labels" in config_overrides)
-    backbone_missing = [k for k in report.missing_keys if k.startswith(BACKBONE_PREFIX) or not hasattr(model, "bert")]
+    prefix = names_of(model).prefix + "."
+    backbone_missing = [k for k in report.missing_keys if k.startswith(prefix) or not has_backbone_prefix(model)]
     head_missing = [k for k in report.missing_keys if k not in backbone_missing]
     if backbone_missing:
         log.warning("%s: backbone weights missing from the checkpoint, left at their initial values: %s",

@@ -18,15 +18,15 @@ from typing import Any
 
 import torch
 
-from .data.classification import Columns
-from .errors import BertforgeError, InputError
-from .heads import TASK_ARCHITECTURES
-from .hf import load_for_task
-from .runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
+from ..data.classification import Columns
+from ..errors import BertforgeError, InputError
+from ..interop.hf import load_for_task, save_pretrained
+from ..models.registry import TASK_ARCHITECTURES
+from ..runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
+from ..tasks import TASKS as TASK_BUILDERS
+from ..tokenization.tokenizer import Tokenizer
+from .engines import make_trainer
 from .runs import claim_output, report, save_run_config
-from .tasks import TASKS as TASK_BUILDERS
-from .tokenizer import Tokenizer
-from .train import make_trainer
 
 
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
@@ -57,10 +57,10 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
     trainer = make_trainer(model, task, train_cfg, run_info, cfg.seq_len, tokenizer.pad_token_id)
     summary = trainer.fit(resume=cfg.resume and (out / "checkpoints").is_dir())
     trainer.restore_best()  # export the selected model, not the last one
-    model.save_pretrained(out, tokenizer=tokenizer)
+    save_pretrained(model, out, tokenizer=tokenizer)
     # The loop's checkpoints (model + optimizer state) served the run; the export above is the result.
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    from .viz import plot_curves
+    from ..viz import plot_curves
 
     plot_curves(out / "metrics.jsonl", out / "curves.png", title=f"fine-tuning ({cfg.task})")
     results = {"task": cfg.task, "metric": task.main_metric, "selected_step": summary["best_step"],

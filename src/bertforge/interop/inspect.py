@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError, safe_open
 
-from .errors import CheckpointError
-import torch
-
-from .heads import HEADS, head_info
-from .hf import DERIVED_KEYS, TIED_DECODER_KEY, architecture_of, from_hf_state_dict, read_config, read_weights, weights_files
+from ..errors import CheckpointError
+from ..models.registry import HEADS, head_info
+from .hf import architecture_of, family_of, from_hf_state_dict, read_config, read_weights, weights_files
 
 # The heads a checkpoint carries, recognised by their weights' key prefixes (from the head registry).
 _HEADS = list(dict.fromkeys(info.weights for info in HEADS.values() if info.weights))
@@ -35,14 +35,16 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     shapes: dict[str, tuple[int, ...]] = {}
     for file in weights_files(path):
         shapes.update(_shapes(file))
+    table = family_of(path).names
+    derived, prefix = re.compile(table.derived), table.prefix + "."
     counts = {"embeddings": 0, "encoder": 0, "pooler": 0, "heads": 0}
     for key, shape in shapes.items():
-        if DERIVED_KEYS.search(key) or (key == TIED_DECODER_KEY and config.tie_word_embeddings):
+        if derived.search(key) or (key == table.tied_decoder and config.tie_word_embeddings):
             continue  # buffers and the tied decoder hold no parameters of their own
         n = 1
         for d in shape:
             n *= d
-        name = key[len("bert."):] if key.startswith("bert.") else key
+        name = key[len(prefix):] if key.startswith(prefix) else key
         part = next((p for p in ("embeddings", "encoder", "pooler") if name.startswith(p + ".")), "heads")
         counts[part] += n
     heads = [label for prefix, label in _HEADS if any(k.startswith(prefix) for k in shapes)]

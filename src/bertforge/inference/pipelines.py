@@ -15,11 +15,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import InputError
-from .heads import BertForMaskedLM, BertForPreTraining
-from .inference import device_of, run_sorted
-from .sentence_dir import POOLING_MODES, SentencePipeline
-from .tokenizer import Tokenizer
+from ..errors import InputError
+from ..interop.sentence_dir import POOLING_MODES, SentencePipeline
+from ..models.heads import BertForMaskedLM, BertForPreTraining
+from ..tokenization.tokenizer import Tokenizer
+from .loop import device_of, run_sorted
 
 
 def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
@@ -208,7 +208,7 @@ def read_inputs(texts: list[str], input_file: str | None, stdin_lines: list[str]
     if texts:
         return list(texts)
     if input_file:
-        from .data.io import read_text
+        from ..data.io import read_text
 
         lines = read_text(input_file).splitlines()
         source = input_file
@@ -318,7 +318,7 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
     """`{"question", "context"}` items -> `{"answer", "score", "start", "end"}` (character offsets into
     the context). Contexts of any length are windowed; candidates are merged across windows.
     With `null_threshold` (SQuAD v2 models) the answer is "" when no-answer wins by more than it."""
-    from .data.qa import QAExample, best_answers, qa_features
+    from ..data.qa import QAExample, best_answers, qa_features
 
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not item.get("question") or not item.get("context"):

@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -108,7 +108,7 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore model, optimizer and RNG states from `path`; returns the trainer state dict."""
-    from .hf import from_hf_state_dict, read_weights
+    from ..interop.hf import from_hf_state_dict, read_weights
 
     state = read_trainer_state(path)
     try:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from .config import BertConfig
-from .data.builtin_corpus import stdlib_docstrings
-from .errors import BertforgeError
-from .heads import BertForPreTraining
-from .inspect_ckpt import format_report, inspect_checkpoint
-from .pipelines import fill_mask
-from .tokenizer import Tokenizer
+from ..data.builtin_corpus import stdlib_docstrings
+from ..errors import BertforgeError
+from ..inference.pipelines import fill_mask
+from ..interop.inspect import format_report, inspect_checkpoint
+from ..models.config import BertConfig
+from ..models.heads import BertForPreTraining
+from ..tokenization.tokenizer import Tokenizer
 
 DEMO_SENTENCES = [
     "Return a new [MASK] containing the items of the iterable.",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # `hidden_act` names transformers accepts, each mapped to the function bertforge computes for it.
 # Only names whose function is the same as transformers' are listed (tests/test_config_fields.py

@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..errors import BertforgeError
+from ..runconfig import saved_settings
 from . import distributed as dist
-from .errors import BertforgeError
-from .runconfig import saved_settings
 
 RUN_FILES = ("checkpoints", "best", "metrics.jsonl", "curves.png", "run_config.json", "pretrain_results.json",
              "eval_results.json", "config.json", "model.safetensors", "vocab.txt", "tokenizer.json",

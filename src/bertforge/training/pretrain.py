@@ -20,15 +20,16 @@ from typing import Any
 
 import torch
 
+from ..data.corpus import CorpusOptions, iter_documents
+from ..data.shards import TokenShards, load_tokenizer_for, prepare, tokenizer_fingerprint
+from ..errors import BertforgeError
+from ..interop.hf import save_pretrained
+from ..runconfig import PretrainConfig, TrainConfig
+from ..tasks.pretraining import build
+from ..tokenization.tokenizer import Tokenizer
 from . import distributed as dist
-from .data.corpus import CorpusOptions, iter_documents
-from .data.shards import TokenShards, load_tokenizer_for, prepare, tokenizer_fingerprint
-from .errors import BertforgeError
-from .runconfig import PretrainConfig, TrainConfig
+from .engines import make_trainer
 from .runs import claim_output, report, save_run_config
-from .tasks.pretraining import build
-from .tokenizer import Tokenizer
-from .train import make_trainer
 
 EMBEDDED = "python-stdlib-docstrings"
 DEMO_SENTENCES = [
@@ -44,7 +45,7 @@ def _documents(cfg: PretrainConfig):
         options = CorpusOptions(doc_per_file=cfg.doc_per_file, text_field=cfg.text_field,
                                 encoding_errors=cfg.encoding_errors, seed=cfg.seed)
         return iter_documents(cfg.corpus, options)
-    from .data.builtin_corpus import stdlib_docstrings
+    from ..data.builtin_corpus import stdlib_docstrings
 
     return stdlib_docstrings()
 
@@ -63,8 +64,8 @@ def _data(cfg: PretrainConfig, out: Path) -> tuple[TokenShards, Tokenizer]:
                                     encoding_errors=cfg.encoding_errors, seed=cfg.seed)
             prepare(cfg.corpus, cache, tokenizer, options, workers=cfg.workers, progress=cfg.progress)
         else:
-            from .data.builtin_corpus import stdlib_docstrings
-            from .data.shards import prepare_documents
+            from ..data.builtin_corpus import stdlib_docstrings
+            from ..data.shards import prepare_documents
 
             prepare_documents(stdlib_docstrings(), sources, cache, tokenizer, workers=1, progress=cfg.progress)
     dist.barrier()
@@ -122,8 +123,8 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
     if summary.get("compile_seconds") is not None:
         print(f"jax: the step compiled in {summary['compile_seconds']:.1f} s", flush=True)
     if dist.is_main():
-        model.save_pretrained(out, tokenizer=tokenizer)
-        from .viz import plot_curves
+        save_pretrained(model, out, tokenizer=tokenizer)
+        from ..viz import plot_curves
 
         plot_curves(out / "metrics.jsonl", out / "curves.png", title="pretraining")
         result = {"out": str(out), "steps": summary["step"], "stopped_by": summary["stop"],
@@ -138,7 +139,7 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
 
 
 def _fill_mask_demo(model, tokenizer: Tokenizer) -> None:
-    from .pipelines import fill_mask
+    from ..inference.pipelines import fill_mask
 
     model = model.cpu().eval()
     print("fill-mask with the model just trained:")

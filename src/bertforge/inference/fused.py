@@ -1,6 +1,6 @@
 """The fused CPU inference path: the same encoder, with oneDNN doing more per call.
 
-`model.py` is written to be read; this module makes the same layers cheaper to run on a CPU,
+`models/bert.py` is written to be read; this module makes the same layers cheaper to run on a CPU,
 without changing their maths or the model's parameters:
 
 1. Query, key and value are one [3H, H] matmul instead of three, and the attention layout
@@ -37,9 +37,10 @@ from collections.abc import Callable
 
 import torch
 
-from . import kernels
-from .model import BertLayer, BertModel
-from .padding import Packing, from_sequences, to_sequences
+from .. import kernels
+from ..models.bert import BertModel
+from ..models.layers import BertLayer
+from ..models.padding import Packing, from_sequences, to_sequences
 
 _mkldnn = torch.ops.mkldnn
 # config.hidden_act kinds that oneDNN can fuse into the up-projection, with its name and algorithm.

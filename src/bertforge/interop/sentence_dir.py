@@ -17,8 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError
-
+from ..errors import ConfigError
 
 # sentence-transformers' pooling modes, in the order its legacy `pooling_mode_*` flags concatenate them.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")

@@ -19,7 +19,8 @@ from typing import Any
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from .errors import TokenizerError
+from ..errors import TokenizerError
+from ..jsonfile import read_json_object
 
 log = logging.getLogger("bertforge")
 
@@ -53,16 +54,6 @@ def _token_text(value: Any, key: str, source: Path) -> str:
     raise TokenizerError(f"{source}: key '{key}' must be a token string, got {value!r}")
 
 
-def _read_json_object(file: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{file}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{file}: expected a JSON object")
-    return data
-
-
 def read_settings(path: Path) -> dict[str, Any]:
     """The tokenizer settings of a checkpoint directory, read as transformers' BertTokenizer reads them.
 
@@ -72,8 +63,8 @@ def read_settings(path: Path) -> dict[str, Any]:
     Returns {lowercase, strip_accents, chinese_chars, model_max_length, specials, extra_specials}.
     """
     config_file, map_file = path / "tokenizer_config.json", path / "special_tokens_map.json"
-    config = _read_json_object(config_file) if config_file.is_file() else {}
-    token_map = _read_json_object(map_file) if map_file.is_file() else {}
+    config = read_json_object(config_file, TokenizerError) if config_file.is_file() else {}
+    token_map = read_json_object(map_file, TokenizerError) if map_file.is_file() else {}
     specials = dict(DEFAULT_SPECIALS)
     for role in SPECIAL_ROLES:
         found = {src: _token_text(d[role], role, src) for src, d in ((map_file, token_map), (config_file, config))

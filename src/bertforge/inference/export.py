@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import BertforgeError, require
-from .heads import HEADS, head_info
-from .hf import architecture_of
+from ..errors import BertforgeError, require
+from ..interop.hf import architecture_of
+from ..models.registry import HEADS, head_info
 
 
 class _Outputs(torch.nn.Module):

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .constants import INFERENCE_BACKENDS
-from .errors import InputError
+from ..constants import INFERENCE_BACKENDS
+from ..errors import InputError
 
 TASKS = ("fill-mask", "classify", "ner", "qa", "embed", "similarity")
 
 
 def load_for(task: str, model_dir: str):
     """The model `task` needs, refusing a checkpoint whose `architectures` lacks that head."""
-    from .heads import TASK_ARCHITECTURES
-    from .hf import load_for_task
-    from .model import BertModel
+    from ..interop.hf import load_for_task
+    from ..models.bert import BertModel
+    from ..models.registry import TASK_ARCHITECTURES
 
     if task in ("embed", "similarity"):  # any checkpoint has the encoder
         return BertModel.from_pretrained(model_dir)
@@ -35,8 +35,8 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
                 normalize: bool | None = None, against: list[str] | None = None, batch_size: int = 32,
                 null_threshold: float | None = None, progress: bool = False,
                 backend: str = INFERENCE_BACKENDS[0]) -> Iterator[dict]:
+    from ..tokenization.tokenizer import Tokenizer
     from . import backends, pipelines
-    from .tokenizer import Tokenizer
 
     if task not in TASKS:
         raise InputError(f"unknown task {task!r}; use one of {', '.join(TASKS)}")
@@ -71,7 +71,7 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
     else:
         import torch
 
-        from .sentence_dir import sentence_pipeline, similarity
+        from ..interop.sentence_dir import sentence_pipeline, similarity
 
         sentence = sentence_pipeline(model_dir, model.config.hidden_size, pooling, bool(normalize))
 

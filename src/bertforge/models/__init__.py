@@ -1,0 +1,1 @@
+"""The architectures: shared layers, one module per family, heads, and the registry. Imports torch only."""

@@ -1,0 +1,152 @@
+"""The building blocks the family shares: embeddings, attention, feed-forward, the post-LN block, the pooler.
+
+Each architecture module (`bert.py`, ...) composes these; a variant a family needs (relative or rotary
+positions, a gated feed-forward, pre-norm) is added here once and chosen by the architecture's config,
+so no two files hold the same layer. Only torch is imported.
+
+Shapes: B = batch, T = sequence length, N = real tokens of an unpadded batch, H = hidden size,
+nh = heads, hd = H / nh.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import HIDDEN_ACT, BertConfig
+from .padding import Packing, from_sequences, to_sequences
+
+
+def activation(name: str) -> nn.Module:
+    """The feed-forward non-linearity named by `config.hidden_act` (see `config.HIDDEN_ACT` for the aliases)."""
+    kind = HIDDEN_ACT.get(name)
+    if kind == "gelu":  # BERT's exact GELU: x * Phi(x), with the erf form of the normal CDF
+        return nn.GELU()
+    if kind == "gelu_tanh":  # the tanh approximation some checkpoints used
+        return nn.GELU(approximate="tanh")
+    modules = {"relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "mish": nn.Mish,
+               "relu6": nn.ReLU6, "leaky_relu": nn.LeakyReLU, "hardswish": nn.Hardswish, "identity": nn.Identity}
+    if kind not in modules:
+        raise ValueError(f"unknown activation {name!r}")
+    return modules[kind]()
+
+class Embeddings(nn.Module):
+    """Token + learned absolute position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.segment = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids, token_type_ids, position_ids: long [B, T] -> float [B, T, H]."""
+        x = self.word(input_ids) + self.position(position_ids) + self.segment(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention, followed by its output projection."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        h = config.hidden_size
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
+        self.out = nn.Linear(h, h)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
+                packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: float [B, T, H], or [N, H] real tokens when `packed` says where they sit;
+        mask: bool [B, 1, 1, T] or [B, 1, T, T], True where a key may be attended to, or None.
+
+        Returns the projected context, shaped like x, and the attention probabilities
+        float [B, nh, T, T] when `output_attentions`, else None.
+        """
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        if packed is not None:  # attention needs the sequences: scatter the real tokens into one row each
+            q, k, v = to_sequences(q, packed), to_sequences(k, packed), to_sequences(v, packed)
+            mask = packed.key_mask
+        context, probs = self.attend(q, k, v, mask, output_attentions)
+        if packed is not None:
+            context = from_sequences(context, packed)
+        return self.out(context), probs
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               output_attentions: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q, k, v: float [B, T, H] -> context float [B, T, H] (and probabilities [B, nh, T, T])."""
+        B, T, H = q.shape
+        # (B, T, H) -> (B, nh, T, hd): each head attends in its own hd-dim subspace.
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        dropout_p = self.dropout_p if self.training else 0.0
+
+        probs = None
+        if output_attentions:
+            # The explicit path: the same maths as SDPA, but the probabilities are kept.
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, T, hd)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+        return context.transpose(1, 2).reshape(B, T, H), probs  # re-join the heads
+
+
+class FeedForward(nn.Module):
+    """Position-wise Linear(H -> 4H) -> GELU -> Linear(4H -> H)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """float [..., H] -> float [..., H]."""
+        return self.down(self.act(self.up(x)))
+
+
+class BertLayer(nn.Module):
+    """One post-LN transformer block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
+                packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: float [B, T, H] (or [N, H] packed) -> (the same shape, attention probabilities or None)."""
+        attended, probs = self.attention(x, mask, output_attentions, packed)
+        x = self.attention_norm(x + self.dropout(attended))
+        x = self.ffn_norm(x + self.dropout(self.ffn(x)))
+        return x, probs
+
+
+class Pooler(nn.Module):
+    """tanh(Linear(h_CLS)): the sentence vector NSP and sequence classification read."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """The [CLS] vectors, float [S, H] (one per example) -> float [S, H]."""
+        return torch.tanh(self.dense(first))

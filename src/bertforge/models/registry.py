@@ -1,0 +1,112 @@
+"""The one table of architectures: `model_type` -> config class, backbone, heads, name table, tokenizer kind.
+
+Everything that must know which architectures exist reads this module: `from_pretrained` and the
+Auto classes (which class a config.json builds), checkpoint I/O (which name table), `predict`,
+`serve`, `inspect` and `export` (which head serves which task, and what its outputs are called).
+Adding an architecture is one module under `models/` and one `Family` row here; adding a head is
+its class and one `HeadInfo` line in its family's row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from .base import NameTable, PreTrainedModel
+from .bert import HF_NAMES as BERT_NAMES
+from .bert import BertModel
+from .config import BertConfig
+from .heads import (BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
+                    BertForSequenceClassification, BertForTokenClassification)
+
+# What each Auto class builds, by the kind of head (transformers' Auto class names, without "AutoModel").
+HEAD_KINDS = ("base", "pretraining", "masked-lm", "next-sentence", "sequence-classification",
+              "token-classification", "question-answering")
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    """What one head is for, written once here; predict, evaluate, serve, inspect and export read it.
+
+    cls: the model class; its `hf_architecture` is the name config.json gives it.
+    kind: one of HEAD_KINDS: which Auto class builds it.
+    tasks: the `predict` / `evaluate` tasks it serves, each also a `serve` endpoint of the same
+        name (every model also serves `embed` and `similarity` through its encoder).
+    labels: what its outputs index: hidden units, the vocabulary, classes, tags or token positions.
+    outputs: its output tensors, in order, by the names an ONNX export gives them.
+    weights: the checkpoint key prefix of its own weights and a name for them (`bertforge inspect`).
+    """
+
+    cls: type[PreTrainedModel]
+    kind: str
+    tasks: tuple[str, ...]
+    labels: str
+    outputs: tuple[str, ...]
+    weights: tuple[str, str] | None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture of the BERT family, as a config.json's `model_type` names it.
+
+    config: its config class (transformers' field names); backbone: its bare encoder class;
+    names: its checkpoint name table; tokenizer: the tokenizer kind its checkpoints ship
+    (wordpiece, bpe or unigram); heads: its head classes, the backbone first.
+    """
+
+    model_type: str
+    config: type
+    backbone: type[PreTrainedModel]
+    names: NameTable
+    tokenizer: str
+    heads: tuple[HeadInfo, ...]
+
+    def head(self, kind: str) -> type[PreTrainedModel]:
+        """The class of this family that an Auto class of `kind` builds; refused when it has none."""
+        for info in self.heads:
+            if info.kind == kind:
+                return info.cls
+        kinds = ", ".join(info.kind for info in self.heads)
+        raise ConfigError(f"model_type '{self.model_type}' has no {kind} head in bertforge; it has: {kinds}")
+
+
+BERT = Family("bert", BertConfig, BertModel, BERT_NAMES, "wordpiece", (
+    HeadInfo(BertModel, "base", (), "hidden", ("last_hidden_state", "pooler_output"), None),
+    HeadInfo(BertForMaskedLM, "masked-lm", ("fill-mask",), "vocabulary", ("logits",), ("cls.predictions.", "masked-LM")),
+    HeadInfo(BertForPreTraining, "pretraining", ("fill-mask",), "vocabulary", ("logits",),
+             ("cls.predictions.", "masked-LM")),
+    HeadInfo(BertForNextSentencePrediction, "next-sentence", (), "is-next / not-next", ("logits",),
+             ("cls.seq_relationship.", "next-sentence prediction")),
+    HeadInfo(BertForSequenceClassification, "sequence-classification", ("classify", "regress"),
+             "classes (id2label), or one value", ("logits",), ("classifier.", "classifier")),
+    HeadInfo(BertForTokenClassification, "token-classification", ("ner",), "tags per token (id2label)", ("logits",),
+             ("classifier.", "classifier")),
+    HeadInfo(BertForQuestionAnswering, "question-answering", ("qa",), "answer start and end positions",
+             ("start_logits", "end_logits"), ("qa_outputs.", "question answering (start/end)")),
+))
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT,)}
+
+# Every head of every family, by the transformers architecture name config.json gives it.
+HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}
+# Every class that `from_pretrained` can build, by that name.
+ARCHITECTURES: dict[str, type[PreTrainedModel]] = {name: info.cls for name, info in HEADS.items()}
+# The architectures that can serve each task. A checkpoint is used for a task only when its config.json
+# names one of them: a classifier's weights fit a token classifier's shapes, so only `architectures`
+# can tell the two apart.
+TASK_ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    task: tuple(name for name, info in HEADS.items() if task in info.tasks)
+    for task in dict.fromkeys(t for info in HEADS.values() for t in info.tasks)}
+
+
+def family(model_type: object, source: str = "config.json") -> Family:
+    """The registry row for a `model_type`; anything else is refused in one line naming the supported ones."""
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise ConfigError(f"{source}: model_type {model_type!r} is not an architecture bertforge reads; "
+                          f"supported: {', '.join(FAMILIES)}")
+    return FAMILIES[model_type]
+
+
+def head_info(architecture: str, model_type: str = "bert") -> HeadInfo:
+    """The registry entry for a config.json's architecture; an unknown one is used as its family's bare encoder."""
+    return HEADS.get(architecture) or family(model_type).heads[0]

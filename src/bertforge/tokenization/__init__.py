@@ -1,0 +1,1 @@
+"""Tokenizers on the `tokenizers` library, with transformers' files and call signature."""
