@@ -21,6 +21,10 @@ _EXPORTS = {
     "BertForSequenceClassification": "models.heads", "BertForTokenClassification": "models.heads",
     "BertForQuestionAnswering": "models.heads",
     "Tokenizer": "tokenization.tokenizer",
+    "AutoConfig": "interop.auto", "AutoModel": "interop.auto", "AutoModelForPreTraining": "interop.auto",
+    "AutoModelForMaskedLM": "interop.auto", "AutoModelForNextSentencePrediction": "interop.auto",
+    "AutoModelForSequenceClassification": "interop.auto", "AutoModelForTokenClassification": "interop.auto",
+    "AutoModelForQuestionAnswering": "interop.auto", "AutoTokenizer": "interop.auto",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
