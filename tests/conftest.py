@@ -69,6 +69,47 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_he
             max_position_embeddings=64)
 
 
+def corpus() -> list[str]:
+    """WikiText-2 lines when ../shared/data has them, else a small built-in text: for training tokenizers."""
+    wiki = SHARED_DATA / "wikitext-2-raw" / "wiki.valid.raw"
+    lines = wiki.read_text(encoding="utf-8").splitlines()[:3000] if wiki.is_file() else []
+    return [line for line in lines if line.strip()] or SENTENCES * 50 + ["Héllo wörld, 東京 🙂!", "naïve café"] * 5
+
+
+@pytest.fixture(scope="session")
+def unigram_dirs(tmp_path_factory):
+    """An XLM-R SentencePiece Unigram tokenizer trained on a little text: as transformers saves it ("hf") and as
+    bertforge saves it after reading that ("ours")."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+    from bertforge.tokenization.sentence import UnigramTokenizer
+
+    root = tmp_path_factory.mktemp("unigram")
+    backend = Backend(models.Unigram())
+    backend.normalizer = normalizers.NFKC()
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.train_from_iterator(corpus(), trainers.UnigramTrainer(
+        vocab_size=600, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], unk_token="<unk>"))
+    vocab = [(piece, score) for piece, score in json.loads(backend.to_str())["model"]["vocab"]]
+    transformers.XLMRobertaTokenizer(vocab=vocab).save_pretrained(root / "hf")
+    UnigramTokenizer.from_pretrained(root / "hf").save(root / "ours")
+    return root
+
+
+def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter moved off its initial value (LayerNorm and biases too), so a swapped or missing name
+    cannot pass a parity test; in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model.eval()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

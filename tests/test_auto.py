@@ -15,7 +15,7 @@ import bertforge  # noqa: E402
 from bertforge.errors import BertforgeError  # noqa: E402
 from bertforge.models.registry import FAMILIES  # noqa: E402
 
-from conftest import SENTENCES, TINY  # noqa: E402
+from conftest import SENTENCES, TINY, perturbed  # noqa: E402
 
 AUTO = {  # bertforge Auto class -> (the transformers Auto class, the BERT class both build)
     "AutoModel": ("AutoModel", "BertModel"),
@@ -26,15 +26,6 @@ AUTO = {  # bertforge Auto class -> (the transformers Auto class, the BERT class
     "AutoModelForTokenClassification": ("AutoModelForTokenClassification", "BertForTokenClassification"),
     "AutoModelForQuestionAnswering": ("AutoModelForQuestionAnswering", "BertForQuestionAnswering"),
 }
-
-
-def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter moved off its initial value (LayerNorm and biases too), so a swapped name cannot pass."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -224,14 +224,15 @@ def test_packing_helpers_round_trip():
 def test_head_registry_describes_every_head():
     """Each registry entry names a transformers class and outputs its model really returns."""
     transformers = pytest.importorskip("transformers")
-    from bertforge.models.registry import HEADS, TASK_ARCHITECTURES
     from bertforge.inference.predict import TASKS as PREDICT_TASKS
+    from bertforge.models.registry import HEADS, TASK_ARCHITECTURES, family
 
     ids = torch.randint(5, TINY["vocab_size"], (2, 7))
     for name, info in HEADS.items():
         assert info.cls.hf_architecture == name and hasattr(transformers, name)
-        out = info.cls(BertConfig(**TINY)).eval()(ids)
+        out = info.cls(family(info.cls.model_type).config(**TINY)).eval()(ids)
         for output in info.outputs:
             assert getattr(out, output, None) is not None, (name, output)
     assert set(TASK_ARCHITECTURES) - {"regress"} <= set(PREDICT_TASKS)
-    assert TASK_ARCHITECTURES["fill-mask"] == ("BertForMaskedLM", "BertForPreTraining")
+    assert TASK_ARCHITECTURES["fill-mask"] == ("BertForMaskedLM", "BertForPreTraining", "RobertaForMaskedLM",
+                                               "XLMRobertaForMaskedLM")

@@ -50,10 +50,10 @@ def attention_maps(model, tokenizer, text: str, pair: str | None = None):
     """(WordPiece tokens, attention probabilities float [layers, heads, T, T]) for one input."""
     import torch
 
-    backbone = getattr(model, "bert", model)
+    backbone = getattr(model, "backbone", model)
     backbone.eval()
-    enc = tokenizer(text, pair, truncation=True, max_length=backbone.config.max_position_embeddings,
-                    return_tensors="pt")
+    enc = tokenizer(text, pair, truncation=True, max_length=backbone.config.max_sequence_length,
+                    return_tensors="pt", return_token_type_ids=True)
     with torch.no_grad():
         out = backbone(enc["input_ids"], enc["token_type_ids"], output_attentions=True)
     attn = torch.stack(out.attentions)[:, 0].float().numpy()  # (L, heads, T, T)

@@ -112,12 +112,12 @@ def prepare(corpus: list[str], *, out: str, tokenizer: str, workers: int | None 
     """
     from ..data.corpus import CorpusOptions
     from ..data.shards import prepare as prepare_shards
-    from ..tokenization.tokenizer import Tokenizer
+    from ..tokenization.kinds import load_tokenizer
 
     if not corpus:
         raise BertforgeError("prepare needs a corpus: files, directories, globs or hf:NAME")
     options = CorpusOptions(doc_per_file=doc_per_file, text_field=text_field, encoding_errors=encoding_errors)
-    meta = prepare_shards(corpus, out, Tokenizer.from_pretrained(tokenizer), options, workers=workers,
+    meta = prepare_shards(corpus, out, load_tokenizer(tokenizer), options, workers=workers,
                           shard_tokens=shard_tokens, progress=sys.stderr.isatty())
     show({k: meta[k] for k in ("documents", "sentences", "tokens", "seconds")} | {"out": out}, json,
          "corpus prepared")
@@ -308,16 +308,15 @@ def attention(*, model: str, text: str, out: str, pair: str | None = None, layer
         overwrite: replace existing --out / --html files
         json: print one JSON object instead of a summary
     """
-    from ..interop.hf import load_pretrained
-    from ..models.bert import BertModel
-    from ..tokenization.tokenizer import Tokenizer
+    from ..interop.auto import AutoModel
+    from ..tokenization.kinds import load_tokenizer
     from ..viz import attention_maps, plot_attention, write_attention_html
 
     for target in (out, html):
         if target and Path(target).exists() and not overwrite:
             raise BertforgeError(f"{target}: exists; pass --overwrite to replace it")
-    encoder = load_pretrained(BertModel, model)
-    tokens, attn = attention_maps(encoder, Tokenizer.from_pretrained(model), text, pair)
+    encoder = AutoModel.from_pretrained(model)
+    tokens, attn = attention_maps(encoder, load_tokenizer(model), text, pair)
     n_layers, n_heads = attn.shape[:2]
     for name, value, limit in (("--layer", layer, n_layers), ("--head", head, n_heads)):
         if value is not None and not 1 <= value <= limit:

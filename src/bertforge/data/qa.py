@@ -105,7 +105,7 @@ def qa_features(examples: list[QAExample], tokenizer: Tokenizer, max_seq_len: in
     (training) start/end positions. Offsets are None outside the context."""
     enc = tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
                     truncation="only_second", max_length=max_seq_len, stride=doc_stride,
-                    return_overflowing_tokens=True, return_offsets_mapping=True)
+                    return_overflowing_tokens=True, return_offsets_mapping=True, return_token_type_ids=True)
     features = []
     for row, example_index in enumerate(enc["overflow_to_sample_mapping"]):
         sequence_ids = enc.sequence_ids(row)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..tokenization.kinds import load_tokenizer
 from ..tokenization.tokenizer import Tokenizer
 from .corpus import CorpusOptions, iter_documents, split_sentences
 
@@ -271,7 +272,7 @@ class TokenShards:
 
 
 def load_tokenizer_for(shards: TokenShards) -> Tokenizer:
-    tok = Tokenizer.from_pretrained(shards.path)
+    tok = load_tokenizer(shards.path)
     if tokenizer_fingerprint(tok) != shards.meta["tokenizer"]:
         raise InputError(f"{shards.path}: tokenizer files do not match the prepared ids")
     return tok

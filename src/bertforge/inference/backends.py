@@ -57,7 +57,7 @@ def _workdir() -> Path:
 class ForeignModel:
     """A bertforge model whose forward pass another engine runs. The pipelines call it as the torch
     model and get torch tensors back; every other attribute (`config`, `problem_type()`, the
-    device) falls through to the torch model. `.bert`, which the embedding and fill-mask
+    device) falls through to the torch model. `.backbone`, which the embedding and fill-mask
     pipelines use, is the backbone run by the same engine, made on first use."""
 
     engine = "this backend"
@@ -74,7 +74,7 @@ class ForeignModel:
         raise NotImplementedError
 
     def __getattr__(self, name: str) -> Any:
-        if name == "bert" and hasattr(self._model, "bert"):
+        if name == "backbone" and hasattr(self._model, "backbone"):
             if self._backbone is None:
                 self._backbone = self._backbone_of()
             return self._backbone
@@ -127,7 +127,7 @@ class OnnxModel(ForeignModel):
         self._names = _names(model)
 
     def _backbone_of(self) -> "OnnxModel":
-        return OnnxModel(self._model.bert, self._int8, self._workdir)
+        return OnnxModel(self._model.backbone, self._int8, self._workdir)
 
     def _run(self, arrays: dict[str, Any]) -> dict[str, Any]:
         return dict(zip(self._names, self._session.run(None, arrays)))
@@ -154,7 +154,7 @@ class OpenVinoModel(OnnxModel):
         log.info("OpenVINO (fp32) differs from PyTorch by at most %.2e on a check batch", self.check_difference)
 
     def _backbone_of(self) -> "OpenVinoModel":
-        return OpenVinoModel(self._model.bert, self._workdir)
+        return OpenVinoModel(self._model.backbone, self._workdir)
 
     def _run(self, arrays: dict[str, Any]) -> dict[str, Any]:
         return dict(zip(self._names, self._compiled(arrays).to_tuple()))
@@ -175,7 +175,7 @@ class JaxModel(ForeignModel):
         architecture = "BertModel" if backbone_only else model.hf_architecture
         if architecture not in MODELS:
             raise InputError(f"--backend jax has no {architecture} yet; JAX has {', '.join(MODELS)}")
-        source = model.bert if backbone_only and hasattr(model, "bert") else model
+        source = model.backbone if backbone_only and hasattr(model, "backbone") else model
         super().__init__(source)
         self._whole = model
         if architecture == "BertModel":  # a backbone built without its pooler stays without it
@@ -194,7 +194,7 @@ class JaxModel(ForeignModel):
         import jax.numpy as jnp
 
         T = arrays["input_ids"].shape[1]
-        width = max(T, min(-(-T // self.BUCKET) * self.BUCKET, self._model.config.max_position_embeddings))
+        width = max(T, min(-(-T // self.BUCKET) * self.BUCKET, self._model.config.max_sequence_length))
         padded = [jnp.asarray(np.pad(arrays[k], ((0, 0), (0, width - T))))
                   for k in ("input_ids", "token_type_ids", "attention_mask")]
         out = self._forward(*padded)

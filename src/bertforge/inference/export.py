@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..errors import BertforgeError, require
-from ..interop.hf import architecture_of
-from ..models.registry import HEADS, head_info
+from ..interop.hf import head_of
+from ..models.registry import HEADS
 
 
 class _Outputs(torch.nn.Module):
@@ -73,7 +73,7 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, o
     out_path = Path(out)
     if out_path.exists() and not overwrite:
         raise BertforgeError(f"{out_path}: already exists; pass --overwrite to replace it or choose another --out")
-    model = head_info(architecture_of(model_dir)).cls.from_pretrained(model_dir).eval()
+    model = head_of(model_dir).cls.from_pretrained(model_dir).eval()
     report = export_model(model, out_path, int8=int8, opset=opset)
     (out_path.with_suffix(".json")).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
@@ -102,7 +102,7 @@ def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, ops
     names = _names(model)
     sample = _sample(model.config.vocab_size, 2, 16, 0)
     axes = {"batch": torch.export.Dim("batch", min=1, max=1024),
-            "seq": torch.export.Dim("seq", min=2, max=model.config.max_position_embeddings)}
+            "seq": torch.export.Dim("seq", min=2, max=model.config.max_sequence_length)}
     shapes = {k: {0: axes["batch"], 1: axes["seq"]} for k in sample}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     # The exporter's notes on axis naming, and on torchvision operators it skips, are not the user's concern.

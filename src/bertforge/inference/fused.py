@@ -175,7 +175,7 @@ def fuse_for_inference(model: torch.nn.Module, native_attention: bool = True) ->
     if not available():
         raise RuntimeError("this torch build has no oneDNN (mkldnn) CPU kernels; use --backend torch")
     attend = kernels.varlen_attention() if native_attention else None
-    backbone = model if isinstance(model, BertModel) else model.bert
+    backbone = model if isinstance(model, BertModel) else model.backbone
     for layer in backbone.layers:
         if isinstance(layer.forward, _FusedLayer):
             layer.forward.attend = attend  # fused already: only the attention choice may change

@@ -34,7 +34,7 @@ def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     """
     import torch._inductor.config as inductor_config
 
-    backbone = getattr(model, "bert", model)
+    backbone = getattr(model, "backbone", model)
     backbone.eval()
     compiled = torch.compile(backbone.forward, dynamic=True)
 
@@ -52,7 +52,7 @@ def _run_sorted(texts: list, tokenizer: Tokenizer, max_length: int, batch_size: 
                 step: Callable[[dict, list[int]], list], pairs: list | None = None,
                 progress: bool = False, device: torch.device | None = None) -> list:
     """Tokenise, then `run_sorted`: `step(batch, rows)` -> one result per row, in input order."""
-    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, return_token_type_ids=True)
     features = [{"input_ids": ids, "token_type_ids": types} for ids, types in zip(enc["input_ids"], enc["token_type_ids"])]
     return run_sorted(features, tokenizer.pad_token_id, batch_size, step, device=device, progress=progress)
 
@@ -82,10 +82,10 @@ def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer,
         if mask_id not in tokenizer.encode(text):
             raise InputError(f"input {i + 1} has no [MASK] token: {text[:60]!r}")
     model.eval()
-    weight = model.bert.embeddings.word.weight
+    weight = model.backbone.embeddings.word.weight
 
     def step(batch, rows):
-        hidden = model.bert(**batch).last_hidden_state
+        hidden = model.backbone(**batch).last_hidden_state
         at_masks = batch["input_ids"] == mask_id
         probs = model.mlm(hidden[at_masks], weight).float().softmax(-1)  # only the masked positions
         if target_ids is not None:
@@ -101,7 +101,7 @@ def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer,
                                  for sc, tok in zip(s, t)])
         return per_row
 
-    return _run_sorted(texts, tokenizer, model.config.max_position_embeddings, batch_size, step,
+    return _run_sorted(texts, tokenizer, model.config.max_sequence_length, batch_size, step,
                        device=device_of(model))
 
 
@@ -117,8 +117,8 @@ def fill_mask_joint(model, tokenizer: Tokenizer, text: str) -> dict:
         at = (ids[0] == tokenizer.mask_token_id).nonzero()[:, 0]
         if len(at) == 0:
             break
-        hidden = model.bert(ids.to(device_of(model))).last_hidden_state[0, at]
-        probs = model.mlm(hidden, model.bert.embeddings.word.weight).float().softmax(-1)
+        hidden = model.backbone(ids.to(device_of(model))).last_hidden_state[0, at]
+        probs = model.mlm(hidden, model.backbone.embeddings.word.weight).float().softmax(-1)
         best, token = probs.max(-1)
         k = int(best.argmax())
         ids[0, at[k]] = int(token[k])
@@ -154,7 +154,7 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
                 out.append({"label": names[best], "score": float(probs[best]), "scores": scores})
         return out
 
-    return _run_sorted(texts, tokenizer, config.max_position_embeddings, batch_size, step, pairs=pairs,
+    return _run_sorted(texts, tokenizer, config.max_sequence_length, batch_size, step, pairs=pairs,
                        device=device_of(model))
 
 
@@ -177,7 +177,7 @@ def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", 
         if pooling not in EMBED_POOLING:
             raise InputError(f"unknown pooling {pooling!r} ({', '.join(EMBED_POOLING)})")
         sentence = SentencePipeline(steps=[("pool", (pooling,))] + ([("normalize", None)] if normalize else []))
-    backbone = getattr(model, "bert", model)
+    backbone = getattr(model, "backbone", model)
     backbone.eval()
     use_pooler = sentence.pooling == ("pooler",)
     if use_pooler and backbone.pooler is None:
@@ -187,7 +187,7 @@ def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", 
     if sentence.prompt:
         texts = [sentence.prompt + t for t in texts]
     max_length = min(sentence.max_length or max_length or tokenizer.model_max_length,
-                     backbone.config.max_position_embeddings)
+                     backbone.config.max_sequence_length)
 
     def step(batch, rows):
         out = backbone(**batch)
@@ -244,7 +244,7 @@ def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first
         raise InputError(f"unknown aggregation {aggregation!r} (first, average or max)")
     model.eval()
     names = model.config.id2label
-    max_length = min(max_length or model.config.max_position_embeddings, model.config.max_position_embeddings)
+    max_length = min(max_length or model.config.max_sequence_length, model.config.max_sequence_length)
     # Windows must move forward: the overlap has to be shorter than a window's text ([CLS] and [SEP] aside).
     # The default overlap is halved for models whose windows are short.
     stride = min(stride, (max_length - 2) // 2)
@@ -252,7 +252,7 @@ def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first
         return []
     # Every window of every text goes through the model in length-sorted batches, as other pipelines do.
     enc = tokenizer(list(texts), truncation=True, max_length=max_length, stride=stride,
-                    return_overflowing_tokens=True, return_offsets_mapping=True)
+                    return_overflowing_tokens=True, return_offsets_mapping=True, return_token_type_ids=True)
     windows = [{"input_ids": ids, "token_type_ids": types} for ids, types in zip(enc["input_ids"], enc["token_type_ids"])]
 
     def step(batch: dict, rows: list[int]) -> list:
@@ -324,7 +324,7 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
         if not isinstance(item, dict) or not item.get("question") or not item.get("context"):
             raise InputError(f"item {i + 1}: needs a non-empty 'question' and 'context'")
     examples = [QAExample(str(i), it["question"], it["context"]) for i, it in enumerate(items)]
-    max_length = min(max_length, model.config.max_position_embeddings)
+    max_length = min(max_length, model.config.max_sequence_length)
     # As transformers' QA pipeline does, keep the overlap of context windows to at most half a window.
     features = qa_features(examples, tokenizer, max_length, min(stride, max_length // 2))
     model.eval()

@@ -13,12 +13,12 @@ TASKS = ("fill-mask", "classify", "ner", "qa", "embed", "similarity")
 
 def load_for(task: str, model_dir: str):
     """The model `task` needs, refusing a checkpoint whose `architectures` lacks that head."""
+    from ..interop.auto import AutoModel
     from ..interop.hf import load_for_task
-    from ..models.bert import BertModel
     from ..models.registry import TASK_ARCHITECTURES
 
     if task in ("embed", "similarity"):  # any checkpoint has the encoder
-        return BertModel.from_pretrained(model_dir)
+        return AutoModel.from_pretrained(model_dir)
     return load_for_task(task, model_dir, TASK_ARCHITECTURES[task])
 
 
@@ -35,7 +35,7 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
                 normalize: bool | None = None, against: list[str] | None = None, batch_size: int = 32,
                 null_threshold: float | None = None, progress: bool = False,
                 backend: str = INFERENCE_BACKENDS[0]) -> Iterator[dict]:
-    from ..tokenization.tokenizer import Tokenizer
+    from ..tokenization.kinds import load_tokenizer
     from . import backends, pipelines
 
     if task not in TASKS:
@@ -43,7 +43,7 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
     if backend not in backends.BACKENDS:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(backends.BACKENDS)}")
     model = backends.load(load_for(task, model_dir), backend)
-    tokenizer = Tokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
 
     if task == "qa":
         items = [i if isinstance(i, dict) else {} for i in inputs]

@@ -15,9 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import TokenizerError
 from ..models.base import PreTrainedModel
-from ..models.registry import Family
+from ..tokenization.kinds import load_tokenizer
 from ..tokenization.tokenizer import Tokenizer
 from .hf import family_of, load_pretrained, read_config
 
@@ -92,20 +91,11 @@ class AutoModelForQuestionAnswering(_AutoModel):
     kind = "question-answering"
 
 
-# The tokenizer class of each tokenizer kind a family ships.
-TOKENIZERS: dict[str, type[Tokenizer]] = {"wordpiece": Tokenizer}
-
-
 class AutoTokenizer:
-    """`AutoTokenizer.from_pretrained(dir)`: the tokenizer of the directory's family, called as transformers' is."""
+    """`AutoTokenizer.from_pretrained(dir)`: the directory's tokenizer, called as transformers' is."""
 
     @staticmethod
     def from_pretrained(path: str | Path) -> Tokenizer:
-        path = Path(path)
-        if not (path / "config.json").is_file():  # a tokenizer-only directory: its files say what it is
-            return Tokenizer.from_pretrained(path)
-        family: Family = family_of(path)
-        if family.tokenizer not in TOKENIZERS:
-            raise TokenizerError(f"{path}: {family.model_type} uses a {family.tokenizer} tokenizer, "
-                                 f"which bertforge does not read yet")
-        return TOKENIZERS[family.tokenizer].from_pretrained(path)
+        """The tokenizer the directory's files hold (WordPiece, byte-level BPE or Unigram), as transformers picks
+        it from tokenizer_config.json's class rather than from the model: a RoBERTa may ship a WordPiece vocabulary."""
+        return load_tokenizer(path)

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from ..errors import CheckpointError, ConfigError
 from ..jsonfile import read_json_object
 from ..models.base import NameTable
-from ..models.registry import ARCHITECTURES, Family, family
+from ..models.registry import ARCHITECTURES, HEADS, Family, HeadInfo, family
 
 log = logging.getLogger("bertforge")
 
@@ -88,8 +88,14 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     state = {names[key]: tensor for key, tensor in model.state_dict().items()}
     if _untied_decoder(model):
         # transformers 5 gives an untied decoder a bias of its own and uses it; write our one bias under both names.
-        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()
+        head_bias, decoder_bias = _mlm_bias_keys(names_of(model))
+        state[decoder_bias] = state[head_bias].clone()
     return state
+
+
+def _mlm_bias_keys(table: NameTable) -> tuple[str, str]:
+    """The masked-LM head's bias key (`cls.predictions.bias`) and its decoder's copy (`cls.predictions.decoder.bias`)."""
+    return dict(table.heads)["mlm.bias"], table.tied_decoder.rsplit(".", 1)[0] + ".bias"
 
 
 def _untied_decoder(model: torch.nn.Module) -> bool:
@@ -119,9 +125,10 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     # The MLM output bias: transformers ties decoder.bias to cls.predictions.bias, except that an untied
     # decoder (tie_word_embeddings: false) in transformers 5 adds its own decoder.bias, which is the one used.
     untied = _untied_decoder(model)
-    if "cls.predictions.decoder.bias" in state and (untied or "cls.predictions.bias" not in state):
-        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]
     table = names_of(model)
+    head_bias, decoder_bias = _mlm_bias_keys(table)
+    if decoder_bias in state and (untied or head_bias not in state):
+        state[head_bias] = state[decoder_bias]
     derived = re.compile(table.derived)
     state = {k: v for k, v in state.items() if not derived.search(k)}
     if not untied:
@@ -239,6 +246,19 @@ def architecture_of(path: str | Path) -> str:
     return archs[0]
 
 
+def head_of(path: str | Path) -> HeadInfo:
+    """The registry entry of the head config.json's `architectures` names. An architecture bertforge has no
+    head for is read as its family's bare encoder; one of another family than `model_type` is refused."""
+    family, architecture = family_of(path), architecture_of(path)
+    info = HEADS.get(architecture)
+    if info is None:
+        return family.heads[0]
+    if info.cls.model_type != family.model_type:
+        raise CheckpointError(f"{path}/config.json: architecture {architecture} is a '{info.cls.model_type}' model, "
+                              f"but model_type is '{family.model_type}'; make the two agree")
+    return info
+
+
 def load_for_task(task: str, path: str | Path, accepted: tuple[str, ...]):
     """Load the checkpoint at `path` for `task`, refusing it unless config.json's `architectures`
     names one of `accepted` (head classes, the one to build first)."""
@@ -253,6 +273,10 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
     """Build `cls` from a checkpoint directory and load its weights; log what was missing or unused."""
     path = Path(path)
     config = read_config(path)
+    if config.model_type != cls.model_type:
+        raise CheckpointError(f"{path}: config.json's model_type is '{config.model_type}', but {cls.__name__} reads "
+                              f"'{cls.model_type}' checkpoints; load it with bertforge.AutoModel (or the Auto class "
+                              "of its head)")
     if config_overrides:
         fields = config.__dict__ | config_overrides
         if "num_labels" in config_overrides and "id2label" not in config_overrides:

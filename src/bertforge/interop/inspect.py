@@ -11,8 +11,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
-from ..models.registry import HEADS, head_info
-from .hf import architecture_of, family_of, from_hf_state_dict, read_config, read_weights, weights_files
+from ..models.registry import HEADS
+from .hf import architecture_of, family_of, from_hf_state_dict, head_of, read_config, read_weights, weights_files
 
 # The heads a checkpoint carries, recognised by their weights' key prefixes (from the head registry).
 _HEADS = list(dict.fromkeys(info.weights for info in HEADS.values() if info.weights))
@@ -52,7 +52,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     # meta device and load shape-only tensors, which raises on the first mismatched key.
     architecture = architecture_of(path)
     with torch.device("meta"):
-        model = head_info(architecture).cls(config)
+        model = head_of(path).cls(config)
         report = from_hf_state_dict(model, {k: torch.empty(s) for k, s in shapes.items()}, source=str(path))
     return {
         "path": str(path),

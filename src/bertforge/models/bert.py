@@ -102,11 +102,24 @@ class BertModel(BertPreTrainedModel):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__()
         self.config = config
-        self.embeddings = Embeddings(config)
+        self.embeddings = Embeddings(config, config.pad_token_id if self.pads_positions else None)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.unpad = True  # run padded batches on their real tokens only (same numbers, less work)
         self.init_weights()
+
+    # BERT counts positions from 0 and gives padding ordinary positions; RoBERTa overrides these two.
+    pads_positions = False
+
+    @property
+    def position_offset(self) -> int:
+        """The position id of a row's first token (a packed example restarts at it): the config's."""
+        return self.config.position_offset
+
+    def default_position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """long [B, T] -> long [B, T]: 0, 1, ..., T-1 in every row."""
+        B, T = input_ids.shape
+        return torch.arange(T, device=input_ids.device).expand(B, T)
 
     def check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                      attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None = None) -> None:
@@ -114,10 +127,11 @@ class BertModel(BertPreTrainedModel):
         c = self.config
         if input_ids.dim() != 2:
             raise InputError(f"input_ids must have shape [batch, seq_len], got {tuple(input_ids.shape)}")
-        if input_ids.shape[1] > c.max_position_embeddings:
+        longest = c.max_position_embeddings - self.position_offset
+        if input_ids.shape[1] > longest:
             raise InputError(
-                f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
-                f"({c.max_position_embeddings}); truncate the input (e.g. max_length={c.max_position_embeddings})"
+                f"sequence length {input_ids.shape[1]} exceeds the {longest} positions max_position_embeddings "
+                f"({c.max_position_embeddings}) leaves; truncate the input (e.g. max_length={longest})"
             )
         for name, t, limit in (("input_ids", input_ids, c.vocab_size), ("token_type_ids", token_type_ids, c.type_vocab_size),
                                ("position_ids", position_ids, c.max_position_embeddings)):
@@ -159,7 +173,7 @@ class BertModel(BertPreTrainedModel):
         else:
             real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
             if position_ids is not None:
-                starts = example_starts(position_ids, real)  # None unless some row holds several examples
+                starts = example_starts(position_ids - self.position_offset, real)  # None unless some row holds several examples
             if starts is not None or not bool(real.all()):
                 if self.unpad and not output_attentions:
                     packed = packing(real, starts)
@@ -168,7 +182,7 @@ class BertModel(BertPreTrainedModel):
                 else:
                     mask = real[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
         if position_ids is None:
-            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+            position_ids = self.default_position_ids(input_ids)
 
         if packed is None:
             x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)

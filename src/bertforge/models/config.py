@@ -11,7 +11,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import ConfigError
 
@@ -55,7 +55,7 @@ NO_EFFECT: dict[str, str] = {
     "use_bfloat16": "a TensorFlow-era flag; weights are computed in float32",
     "dtype": "weights are read at their stored precision and computed in float32 (transformers without dtype='auto')",
     "torch_dtype": "as dtype", "transformers_version": "describes the file", "_name_or_path": "describes the file",
-    "architectures": "chooses the head class to load (see `bertforge inspect`)", "model_type": "must be 'bert'",
+    "architectures": "chooses the head class to load (see `bertforge inspect`)", "model_type": "chooses the family (models/registry.py)",
     "_attn_implementation_autoset": "a transformers loading detail", "output_past": "only decoders cache",
     "_attn_implementation": "a transformers loading detail", "_commit_hash": "describes the file",
     "tf_legacy_loss": "a TensorFlow loss option of transformers",
@@ -93,6 +93,8 @@ log = logging.getLogger("bertforge")
 class BertConfig:
     """Hyper-parameters of a BERT encoder and its heads (Hugging Face field names)."""
 
+    # The config.json `model_type` this class reads and writes (a family's config class sets its own).
+    model_type: ClassVar[str] = "bert"
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -171,6 +173,16 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def position_offset(self) -> int:
+        """The position id of a row's first token: 0 for BERT (RoBERTa counts from after its padding id)."""
+        return 0
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest row the position table allows: what tokenizers truncate to and servers accept."""
+        return self.max_position_embeddings - self.position_offset
+
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "BertConfig":
         """A preset size (`tiny` … `large`), or any `L<layers>-H<hidden>` such as `L6-H384`."""
@@ -198,9 +210,10 @@ class BertConfig:
         """Build from a Hugging Face style dict; unknown keys are kept in `extra`."""
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object")
-        model_type = data.get("model_type", "bert")
-        if model_type != "bert":
-            raise ConfigError(f"{source}: model_type is {model_type!r}, but bertforge reads only 'bert' checkpoints")
+        model_type = data.get("model_type", cls.model_type)
+        if model_type != cls.model_type:
+            raise ConfigError(f"{source}: model_type is {model_type!r}, but {cls.__name__} reads "
+                              f"{cls.model_type!r} checkpoints")
         for key, (supported, why) in REFUSED_UNLESS.items():
             value = data.get(key, supported)
             if value != supported:
@@ -242,7 +255,7 @@ class BertConfig:
         if out["problem_type"] is None:
             del out["problem_type"]
         out.update(self.extra)
-        out["model_type"] = "bert"
+        out["model_type"] = self.model_type
         out["position_embedding_type"] = "absolute"
         return out
 

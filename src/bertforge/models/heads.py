@@ -1,7 +1,9 @@
 """Task heads composed on the shared `BertModel` backbone.
 
-Each head class holds the backbone as `self.bert` (the attribute name every BERT
-checkpoint uses; `registry.py` says which head serves which task) plus a few small layers, and returns logits and, given labels,
+Each head class holds its family's backbone under the attribute name that family's checkpoints
+use (`bert`, `roberta`: `base_model_prefix`), reachable as `self.backbone`; a family whose
+checkpoint layout is BERT's reuses these classes by setting four class attributes
+(`registry.py` says which head serves which task) plus a few small layers, and returns logits and, given labels,
 a loss. The masked-LM head follows google-research/bert: it gathers the hidden
 states of the predicted positions first and runs the vocabulary projection on
 those alone, so training never builds a [B, T, vocab] tensor.
@@ -10,6 +12,7 @@ those alone, so training never builds a [B, T, vocab] tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -67,11 +70,13 @@ class MaskedLMHead(nn.Module):
     """Transform (Linear -> GELU -> LayerNorm), then a decoder (tied to the word embeddings unless the config
     says otherwise) plus its own bias."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, act: str | None = None) -> None:
+        """act: the transform's non-linearity; None means `config.hidden_act` (BERT's head follows the
+        config, RoBERTa's is exact GELU whatever the config says)."""
         super().__init__()
         self.transform = nn.Sequential()
         self.transform.add_module("dense", nn.Linear(config.hidden_size, config.hidden_size))
-        self.transform.add_module("act", activation(config.hidden_act))
+        self.transform.add_module("act", activation(act or config.hidden_act))
         self.transform.add_module("norm", nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         # BERT ties the decoder to the word embeddings. A checkpoint with `tie_word_embeddings: false`
@@ -101,7 +106,23 @@ class MaskedLMHead(nn.Module):
         return logits, F.cross_entropy(logits.float(), targets)
 
 
-class BertForPreTraining(BertPreTrainedModel):
+class HeadModel(BertPreTrainedModel):
+    """A backbone plus head layers. The backbone is built by `backbone_class` and held under
+    `base_model_prefix`, the name its weights carry in the family's checkpoints."""
+
+    base_model_prefix: ClassVar[str] = "bert"
+    backbone_class: ClassVar[type[BertModel]] = BertModel
+    mlm_activation: ClassVar[str | None] = None  # the masked-LM transform's; None: config.hidden_act
+
+    def _add_backbone(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
+        self.add_module(self.base_model_prefix, self.backbone_class(config, add_pooling_layer=add_pooling_layer))
+
+    @property
+    def backbone(self) -> BertModel:
+        return getattr(self, self.base_model_prefix)
+
+
+class BertForPreTraining(HeadModel):
     """BERT's pretraining model: masked-LM and next-sentence prediction, losses summed."""
 
     hf_architecture = "BertForPreTraining"
@@ -109,8 +130,8 @@ class BertForPreTraining(BertPreTrainedModel):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
-        self.mlm = MaskedLMHead(config)
+        self._add_backbone(config)
+        self.mlm = MaskedLMHead(config, self.mlm_activation)
         self.nsp = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
@@ -121,9 +142,9 @@ class BertForPreTraining(BertPreTrainedModel):
                 position_ids: torch.Tensor | None = None) -> PreTrainingOutput:
         """input_ids: long [B, T]; labels: long [B, T] (-100 = not predicted); next_sentence_label: long [B],
         or [S] with one per example when rows are packed (see `BertModel.forward`)."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
-        mlm_logits, mlm_loss = self.mlm.predict(out.last_hidden_state, self.bert.embeddings.word.weight, labels)
+        out = self.backbone(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
+                            output_hidden_states=output_hidden_states)
+        mlm_logits, mlm_loss = self.mlm.predict(out.last_hidden_state, self.backbone.embeddings.word.weight, labels)
         nsp_logits = self.nsp(out.pooler_output)  # (B, 2), or (S, 2) packed
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label) if next_sentence_label is not None else None
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
@@ -133,7 +154,7 @@ class BertForPreTraining(BertPreTrainedModel):
         )
 
 
-class BertForMaskedLM(BertPreTrainedModel):
+class BertForMaskedLM(HeadModel):
     """Masked-LM only (no pooler, no NSP), as used for fill-mask and MLM-only pretraining."""
 
     hf_architecture = "BertForMaskedLM"
@@ -141,8 +162,8 @@ class BertForMaskedLM(BertPreTrainedModel):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.mlm = MaskedLMHead(config)
+        self._add_backbone(config, add_pooling_layer=False)
+        self.mlm = MaskedLMHead(config, self.mlm_activation)
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
@@ -150,13 +171,13 @@ class BertForMaskedLM(BertPreTrainedModel):
                 output_attentions: bool = False, output_hidden_states: bool = False,
                 position_ids: torch.Tensor | None = None) -> HeadOutput:
         """Logits float [B, T, V], or [N, V] at the N labelled positions when labels are given."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
-        logits, loss = self.mlm.predict(out.last_hidden_state, self.bert.embeddings.word.weight, labels)
+        out = self.backbone(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
+                            output_hidden_states=output_hidden_states)
+        logits, loss = self.mlm.predict(out.last_hidden_state, self.backbone.embeddings.word.weight, labels)
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 
-class BertForNextSentencePrediction(BertPreTrainedModel):
+class BertForNextSentencePrediction(HeadModel):
     """Is segment B the real continuation of segment A? Logits float [B, 2]; label 0 means yes."""
 
     hf_architecture = "BertForNextSentencePrediction"
@@ -164,7 +185,7 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        self._add_backbone(config)
         self.nsp = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
@@ -172,38 +193,45 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False,
                 position_ids: torch.Tensor | None = None) -> HeadOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
+        out = self.backbone(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
+                            output_hidden_states=output_hidden_states)
         logits = self.nsp(out.pooler_output)
         loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 
-class LinearHead(BertPreTrainedModel):
+class LinearHead(HeadModel):
     """The backbone plus one (dropout +) linear layer on either the pooled [CLS] vector or every
     token's hidden state: what sequence classification, token classification and QA share.
 
     The layer keeps transformers' name (`classifier`, `qa_outputs`), so checkpoints load as they are.
+    A family whose sentence classifier has a layout of its own (RoBERTa's) passes it as `head`: it
+    then reads the first token's state itself, with its own dropout, and the backbone has no pooler.
     """
 
     def __init__(self, config: BertConfig, out_features: int, pooled: bool, layer: str = "classifier",
-                 dropout: bool = True) -> None:
+                 dropout: bool = True, head: nn.Module | None = None) -> None:
         super().__init__()
         self.config = config
-        self.pooled, self.layer = pooled, layer
-        self.bert = BertModel(config, add_pooling_layer=pooled)
+        self.pooled, self.first_token, self.layer = pooled and head is None, pooled and head is not None, layer
+        self._add_backbone(config, add_pooling_layer=self.pooled)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p) if dropout else nn.Identity()
-        setattr(self, layer, nn.Linear(config.hidden_size, out_features))
+        self.dropout = nn.Dropout(p) if dropout and head is None else nn.Identity()
+        setattr(self, layer, head if head is not None else nn.Linear(config.hidden_size, out_features))
         self.init_weights()
 
     def scores(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                output_attentions: bool, output_hidden_states: bool):
         """(logits, encoder output): logits float [B, out] when pooled, else [B, T, out]."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
-                        output_hidden_states=output_hidden_states)
-        features = out.pooler_output if self.pooled else out.last_hidden_state
+        out = self.backbone(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
+                            output_hidden_states=output_hidden_states)
+        if self.pooled:
+            features = out.pooler_output
+        elif self.first_token:
+            features = out.last_hidden_state[:, 0]
+        else:
+            features = out.last_hidden_state
         return getattr(self, self.layer)(self.dropout(features)), out
 
 
@@ -217,8 +245,8 @@ class BertForSequenceClassification(LinearHead):
 
     hf_architecture = "BertForSequenceClassification"
 
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__(config, config.num_labels, pooled=True)
+    def __init__(self, config: BertConfig, head: nn.Module | None = None) -> None:
+        super().__init__(config, config.num_labels, pooled=True, head=head)
 
     def problem_type(self, labels: torch.Tensor | None = None) -> str:
         if self.config.problem_type:

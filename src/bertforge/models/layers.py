@@ -34,12 +34,17 @@ def activation(name: str) -> nn.Module:
     return modules[kind]()
 
 class Embeddings(nn.Module):
-    """Token + learned absolute position + segment embeddings, then LayerNorm and dropout."""
+    """Token + learned absolute position + segment embeddings, then LayerNorm and dropout.
 
-    def __init__(self, config: BertConfig) -> None:
+    position_padding_idx: the position id padding tokens get, whose row is never trained (RoBERTa's
+    `pad_token_id`); None for BERT, whose padding takes ordinary positions.
+    """
+
+    def __init__(self, config: BertConfig, position_padding_idx: int | None = None) -> None:
         super().__init__()
         self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size,
+                                     padding_idx=position_padding_idx)
         self.segment = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)

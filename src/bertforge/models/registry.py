@@ -18,6 +18,11 @@ from .bert import BertModel
 from .config import BertConfig
 from .heads import (BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
                     BertForSequenceClassification, BertForTokenClassification)
+from .roberta import HF_NAMES as ROBERTA_NAMES
+from .roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForQuestionAnswering, RobertaForSequenceClassification,
+                      RobertaForTokenClassification, RobertaModel, XLMRobertaConfig, XLMRobertaForMaskedLM,
+                      XLMRobertaForQuestionAnswering, XLMRobertaForSequenceClassification,
+                      XLMRobertaForTokenClassification, XLMRobertaModel)
 
 # What each Auto class builds, by the kind of head (transformers' Auto class names, without "AutoModel").
 HEAD_KINDS = ("base", "pretraining", "masked-lm", "next-sentence", "sequence-classification",
@@ -62,10 +67,13 @@ class Family:
     heads: tuple[HeadInfo, ...]
 
     def head(self, kind: str) -> type[PreTrainedModel]:
-        """The class of this family that an Auto class of `kind` builds; refused when it has none."""
+        """The class of this family that an Auto class of `kind` builds; refused when it has none.
+        A family that pretrains with masked-LM alone builds its masked-LM model for `pretraining`."""
         for info in self.heads:
             if info.kind == kind:
                 return info.cls
+        if kind == "pretraining":
+            return self.head("masked-lm")
         kinds = ", ".join(info.kind for info in self.heads)
         raise ConfigError(f"model_type '{self.model_type}' has no {kind} head in bertforge; it has: {kinds}")
 
@@ -85,7 +93,32 @@ BERT = Family("bert", BertConfig, BertModel, BERT_NAMES, "wordpiece", (
              ("start_logits", "end_logits"), ("qa_outputs.", "question answering (start/end)")),
 ))
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT,)}
+
+
+def roberta_family(model_type: str, config: type, tokenizer: str, classes: tuple[type, ...]) -> Family:
+    """RoBERTa and XLM-RoBERTa: one layout, two sets of names (base, masked-LM, classifier, tagger, QA)."""
+    base, mlm, seq, tok, qa = classes
+    return Family(model_type, config, base, ROBERTA_NAMES, tokenizer, (
+        HeadInfo(base, "base", (), "hidden", ("last_hidden_state", "pooler_output"), None),
+        # RoBERTa pretrains with masked-LM alone, so its masked-LM model is also its pretraining model.
+        HeadInfo(mlm, "masked-lm", ("fill-mask",), "vocabulary", ("logits",), ("lm_head.", "masked-LM")),
+        HeadInfo(seq, "sequence-classification", ("classify", "regress"), "classes (id2label), or one value",
+                 ("logits",), ("classifier.", "classifier")),
+        HeadInfo(tok, "token-classification", ("ner",), "tags per token (id2label)", ("logits",),
+                 ("classifier.", "classifier")),
+        HeadInfo(qa, "question-answering", ("qa",), "answer start and end positions", ("start_logits", "end_logits"),
+                 ("qa_outputs.", "question answering (start/end)")),
+    ))
+
+
+ROBERTA = roberta_family("roberta", RobertaConfig, "bpe", (
+    RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification, RobertaForTokenClassification,
+    RobertaForQuestionAnswering))
+XLM_ROBERTA = roberta_family("xlm-roberta", XLMRobertaConfig, "unigram", (
+    XLMRobertaModel, XLMRobertaForMaskedLM, XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification,
+    XLMRobertaForQuestionAnswering))
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}
@@ -106,7 +139,3 @@ def family(model_type: object, source: str = "config.json") -> Family:
                           f"supported: {', '.join(FAMILIES)}")
     return FAMILIES[model_type]
 
-
-def head_info(architecture: str, model_type: str = "bert") -> HeadInfo:
-    """The registry entry for a config.json's architecture; an unknown one is used as its family's bare encoder."""
-    return HEADS.get(architecture) or family(model_type).heads[0]

@@ -126,7 +126,7 @@ def add_model_routes(app: Any, service: Service, submit: Submit) -> None:
         cohere = hasattr(body, "documents")
         texts = body.documents if cohere else body.texts
         counts = service.token_counts([body.query] * len(texts), texts)
-        limit = service.config.max_position_embeddings
+        limit = service.config.max_sequence_length
         problem = None if cohere or body.truncate else over_length(counts, limit, "texts")
         if problem:
             raise Refused(413, problem + " with the query; send truncate: true to cut it")

@@ -51,19 +51,19 @@ class Service:
     def __init__(self, model_dir: str, limits: Limits) -> None:
         import torch
 
-        from ..interop.hf import architecture_of
+        from ..interop.hf import architecture_of, head_of
         from ..interop.sentence_dir import sentence_pipeline
-        from ..models.registry import head_info
-        from ..tokenization.tokenizer import Tokenizer
+        from ..tokenization.kinds import load_tokenizer
 
         self.model_dir, self.limits = model_dir, limits
         self.architecture = architecture_of(model_dir)
         from ..inference.backends import load
 
-        self.model = load(head_info(self.architecture).cls.from_pretrained(model_dir), limits.backend)
+        head = head_of(model_dir)
+        self.model = load(head.cls.from_pretrained(model_dir), limits.backend)
         self.config = self.model.config
-        self.tokenizer = Tokenizer.from_pretrained(model_dir)
-        self.counter = Tokenizer.from_pretrained(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.counter = load_tokenizer(model_dir)
         self.counter_lock = threading.Lock()
         self.sentence = sentence_pipeline(model_dir, self.config.hidden_size)
         # The vectors are computed without a final Normalize step, which each endpoint applies
@@ -75,10 +75,10 @@ class Service:
         dense = [arg for kind, arg in steps if kind == "dense"]
         pooled = self.config.hidden_size * len(self.sentence.pooling)  # pooling modes are concatenated
         self.dimension = dense[-1].out_features if dense else pooled
-        self.backbone = getattr(self.model, "bert", self.model)
+        self.backbone = getattr(self.model, "backbone", self.model)
         self.name = limits.served_model_name or Path(model_dir).resolve().name
         torch.set_grad_enabled(False)
-        self.tasks = {"embed", *head_info(self.architecture).tasks}
+        self.tasks = {"embed", *head.tasks}
         # Reranking reads a cross-encoder: a sequence classifier with one relevance logit (or two
         # classes, "not relevant" and "relevant", whose second probability is the score).
         if "classify" in self.tasks and self.config.num_labels in (1, 2):
@@ -97,7 +97,7 @@ class Service:
     @property
     def embed_max_tokens(self) -> int:
         """The longest input /embed reads: the sentence-transformers max_seq_length, else the positions."""
-        return min(self.sentence.max_length or self.tokenizer.model_max_length, self.config.max_position_embeddings)
+        return min(self.sentence.max_length or self.tokenizer.model_max_length, self.config.max_sequence_length)
 
     def token_counts(self, texts: list[str], pairs: list[str] | None = None) -> list[int]:
         """Tokens per input, special tokens included and nothing truncated."""
@@ -161,7 +161,7 @@ class Service:
             kind = {"embedding": {"pooling": "+".join(self.sentence.pooling)}}
         return {"model_id": self.name, "model_sha": None, "model_dtype": "float32", "model_type": kind,
                 "architecture": self.architecture, "max_concurrent_requests": self.limits.max_concurrent_requests,
-                "max_input_length": self.config.max_position_embeddings,
+                "max_input_length": self.config.max_sequence_length,
                 "max_batch_tokens": self.limits.max_batch_tokens, "max_client_batch_size": self.limits.max_texts,
                 "tokenization_workers": 1, "version": __version__, "backend": self.limits.backend,
                 "endpoints": sorted(f"/{n}" for n in self.tasks)}

@@ -13,8 +13,9 @@ import torch
 from ..data.batching import collate
 from ..errors import InputError
 from ..inference.loop import device_of, run_sorted
-from ..interop.hf import load_pretrained
+from ..interop.hf import family_of, load_pretrained, read_config
 from ..models.config import BertConfig
+from ..models.registry import HEADS
 from ..runconfig import FinetuneConfig
 from ..tokenization.tokenizer import Tokenizer
 
@@ -60,12 +61,15 @@ class FeatureTask:
 
 
 def new_model(cfg: FinetuneConfig, cls: type, labels: list[str] | None, tokenizer: Tokenizer):
-    """The model with a head for `labels`; a checkpoint's own label set must match the data's."""
+    """The model with a head for `labels` (`cls`, BERT's class of that head, or the same head of a checkpoint's
+    family); a checkpoint's own label set must match the data's."""
     id2label = {i: name for i, name in enumerate(labels)} if labels else None
     num_labels = len(labels) if labels else (2 if cfg.task == "qa" else 1)
     problem = "regression" if cfg.task == "regress" else None
     if Path(cfg.model).is_dir():
-        existing = BertConfig.from_json(Path(cfg.model) / "config.json")
+        # The same head of the checkpoint's own family (a RoBERTa directory gets RobertaForSequenceClassification).
+        cls = family_of(cfg.model).head(HEADS[cls.hf_architecture].kind)
+        existing = read_config(cfg.model)
         named = existing.id2label and not all(v.startswith("LABEL_") for v in existing.id2label.values())
         archs = json.loads((Path(cfg.model) / "config.json").read_text(encoding="utf-8")).get("architectures") or []
         if named and cls.hf_architecture in archs and labels:

@@ -39,7 +39,7 @@ def classification_features(examples, tokenizer: Tokenizer, seq_len: int, trunca
     """[CLS] text [SEP] (pair [SEP]) features; pairs are trimmed longest-first, single texts by `truncation`."""
     if examples[0].pair is not None:
         enc = tokenizer([e.text for e in examples], [e.pair or "" for e in examples], truncation=True,
-                        max_length=seq_len)
+                        max_length=seq_len, return_token_type_ids=True)
         return [{"input_ids": ids, "token_type_ids": types, "labels": y}
                 for ids, types, y in zip(enc["input_ids"], enc["token_type_ids"], targets)]
     enc = tokenizer([e.text for e in examples], add_special_tokens=False)

@@ -94,9 +94,9 @@ def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
                                  f"{tokenizer.vocab_size}")
     else:
         model = cls(BertConfig.from_preset(name, vocab_size=tokenizer.vocab_size))
-    if cfg.seq_len > model.config.max_position_embeddings:
-        raise BertforgeError(f"--seq-len {cfg.seq_len} exceeds the model's max_position_embeddings "
-                             f"({model.config.max_position_embeddings})")
+    if cfg.seq_len > model.config.max_sequence_length:
+        raise BertforgeError(f"--seq-len {cfg.seq_len} exceeds the {model.config.max_sequence_length} positions the "
+                             f"model's max_position_embeddings ({model.config.max_position_embeddings}) leaves")
     return model
 
 

@@ -42,8 +42,8 @@ class TokenClassificationTask(FeatureTask):
 
 
 def ner_features(sentences, tokenizer: Tokenizer, seq_len: int, label2id: dict[str, int]) -> list[dict]:
-    enc = tokenizer([s.tokens for s in sentences], is_split_into_words=True, truncation=True, max_length=seq_len,
-                    return_word_ids=True)
+    enc = tokenizer.for_words()([s.tokens for s in sentences], is_split_into_words=True, truncation=True, max_length=seq_len,
+                    return_word_ids=True, return_token_type_ids=True)
     features = []
     for s, ids, types, word_ids in zip(sentences, enc["input_ids"], enc["token_type_ids"], enc["word_ids"]):
         features.append({"input_ids": ids, "token_type_ids": types, "tags": s.tags, "num_words": len(s.tokens),

@@ -54,6 +54,34 @@ def _token_text(value: Any, key: str, source: Path) -> str:
     raise TokenizerError(f"{source}: key '{key}' must be a token string, got {value!r}")
 
 
+def read_special_tokens(path: Path, defaults: dict[str, str]) -> tuple[Path, dict, dict, dict[str, str]]:
+    """tokenizer_config.json, special_tokens_map.json and the special token of each role in `defaults`,
+    where the two files may name them (refused when they disagree). Returns (config file, config, map, specials)."""
+    config_file, map_file = path / "tokenizer_config.json", path / "special_tokens_map.json"
+    config = read_json_object(config_file, TokenizerError) if config_file.is_file() else {}
+    token_map = read_json_object(map_file, TokenizerError) if map_file.is_file() else {}
+    specials = dict(defaults)
+    for role in defaults:
+        found = {src: _token_text(d[role], role, src) for src, d in ((map_file, token_map), (config_file, config))
+                 if d.get(role) is not None}
+        if len(set(found.values())) > 1:
+            raise TokenizerError(f"{path}: '{role}' is {' in '.join(map(repr, found.values()))} in the two files "
+                                 f"{' and '.join(f.name for f in found)}; make them agree")
+        if found:
+            specials[role] = next(iter(found.values()))
+    return config_file, config, token_map, specials
+
+
+def read_max_length(config: dict[str, Any], config_file: Path) -> int:
+    """`model_max_length` (or the older `max_len`); transformers' "no maximum" sentinel, or none, means 512."""
+    max_len = config.get("model_max_length", config.get("max_len"))
+    if max_len is None or (isinstance(max_len, (int, float)) and max_len >= UNSET_MAX_LENGTH):
+        max_len = 512
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len <= 0:
+        raise TokenizerError(f"{config_file}: key 'model_max_length' must be a positive integer, got {max_len!r}")
+    return max_len
+
+
 def read_settings(path: Path) -> dict[str, Any]:
     """The tokenizer settings of a checkpoint directory, read as transformers' BertTokenizer reads them.
 
@@ -62,18 +90,7 @@ def read_settings(path: Path) -> dict[str, Any]:
     transformers': lower-casing on, accents stripped when lower-casing, CJK characters split.
     Returns {lowercase, strip_accents, chinese_chars, model_max_length, specials, extra_specials}.
     """
-    config_file, map_file = path / "tokenizer_config.json", path / "special_tokens_map.json"
-    config = read_json_object(config_file, TokenizerError) if config_file.is_file() else {}
-    token_map = read_json_object(map_file, TokenizerError) if map_file.is_file() else {}
-    specials = dict(DEFAULT_SPECIALS)
-    for role in SPECIAL_ROLES:
-        found = {src: _token_text(d[role], role, src) for src, d in ((map_file, token_map), (config_file, config))
-                 if d.get(role) is not None}
-        if len(set(found.values())) > 1:
-            raise TokenizerError(f"{path}: '{role}' is {' in '.join(map(repr, found.values()))} in the two files "
-                                 f"{' and '.join(f.name for f in found)}; make them agree")
-        if found:
-            specials[role] = next(iter(found.values()))
+    config_file, config, token_map, specials = read_special_tokens(path, DEFAULT_SPECIALS)
 
     def flag(key: str, default: Any, allowed: tuple) -> Any:
         value = config.get(key, default)
@@ -92,12 +109,7 @@ def read_settings(path: Path) -> dict[str, Any]:
         "chinese_chars": flag("tokenize_chinese_chars", True, (True, False)),
         "specials": specials,
     }
-    max_len = config.get("model_max_length", config.get("max_len"))
-    if max_len is None or (isinstance(max_len, (int, float)) and max_len >= UNSET_MAX_LENGTH):
-        max_len = 512
-    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len <= 0:
-        raise TokenizerError(f"{config_file}: key 'model_max_length' must be a positive integer, got {max_len!r}")
-    settings["model_max_length"] = max_len
+    settings["model_max_length"] = read_max_length(config, config_file)
     refuse_unless("never_split", lambda v: not v, "transformers' fast BertTokenizer ignores it while the slow one "
                   "honours it, so its meaning depends on the class; remove it or list the words as added tokens")
     refuse_unless("do_basic_tokenize", lambda v: v is True, "only BERT's basic tokenizer (punctuation and "
@@ -205,6 +217,9 @@ class Encoding(dict):
 
 class Tokenizer:
     """WordPiece tokenizer with BERT's conventions and transformers' call signature."""
+
+    # What `__call__` returns by default, as transformers' tokenizer of the family names it.
+    model_input_names: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
 
     def __init__(self, backend: Backend, lowercase: bool = True, strip_accents: bool | None = None,
                  model_max_length: int = 512, chinese_chars: bool = True,
@@ -359,6 +374,10 @@ class Tokenizer:
         return Tokenizer(backend, self.lowercase, self.strip_accents, self.model_max_length, self.chinese_chars,
                          self.specials, self.extra_specials)
 
+    def for_words(self) -> "Tokenizer":
+        """The tokenizer to encode pre-split words with (`is_split_into_words`): this one, for WordPiece."""
+        return self
+
     # ----------------------------------------------------------------- vocabulary
     @property
     def vocab_size(self) -> int:
@@ -412,7 +431,8 @@ class Tokenizer:
                  return_tensors: str | None = None, return_offsets_mapping: bool = False,
                  return_word_ids: bool = False, return_overflowing_tokens: bool = False,
                  return_special_tokens_mask: bool = False, add_special_tokens: bool = True,
-                 pad_to_multiple_of: int | None = None, is_split_into_words: bool = False) -> Encoding:
+                 pad_to_multiple_of: int | None = None, is_split_into_words: bool = False,
+                 return_token_type_ids: bool | None = None) -> Encoding:
         """Encode one text or a batch, as transformers' tokenizers do.
 
         truncation: False, True / "longest_first", "only_first" or "only_second".
@@ -421,6 +441,7 @@ class Tokenizer:
         return_overflowing_tokens with `stride`: long inputs become several windows that
         overlap by `stride` tokens; `overflow_to_sample_mapping` says which input each came from.
         is_split_into_words: each text is a list of words (e.g. NER tokens); word ids index them.
+        return_token_type_ids: None follows `model_input_names` (RoBERTa's tokenizers send none).
         """
         pair = text_pair if text_pair is not None else text_pairs
         unit = list if is_split_into_words else str
@@ -488,6 +509,9 @@ class Tokenizer:
             "token_type_ids": [e.type_ids for e in encodings],
             "attention_mask": [e.attention_mask for e in encodings],
         }
+        if not (return_token_type_ids if return_token_type_ids is not None
+                else "token_type_ids" in self.model_input_names):
+            del data["token_type_ids"]
         if return_offsets_mapping:
             data["offset_mapping"] = [e.offsets for e in encodings]
         if return_special_tokens_mask:

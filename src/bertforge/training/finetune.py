@@ -24,6 +24,7 @@ from ..interop.hf import load_for_task, save_pretrained
 from ..models.registry import TASK_ARCHITECTURES
 from ..runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
 from ..tasks import TASKS as TASK_BUILDERS
+from ..tokenization.kinds import load_tokenizer
 from ..tokenization.tokenizer import Tokenizer
 from .engines import make_trainer
 from .runs import claim_output, report, save_run_config
@@ -31,10 +32,10 @@ from .runs import claim_output, report, save_run_config
 
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
     if Path(cfg.model).is_dir() and not cfg.tokenizer:
-        return Tokenizer.from_pretrained(cfg.model)
+        return load_tokenizer(cfg.model)
     if not cfg.tokenizer:
         raise BertforgeError(f"--model {cfg.model} is a preset: give --tokenizer DIR with its vocabulary")
-    return Tokenizer.from_pretrained(cfg.tokenizer)
+    return load_tokenizer(cfg.tokenizer)
 
 
 def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
@@ -100,10 +101,10 @@ def run_evaluate(task: str, model_dir: str, data: str, seq_len: int | None = Non
                  columns: Columns | None = None, predictions: str | None = None) -> dict[str, Any]:
     """Metrics of a fine-tuned checkpoint on a labelled file (and its predictions, one JSON per line)."""
     model = load_for_task(task, model_dir, TASK_ARCHITECTURES[task])
-    tokenizer = Tokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     columns = columns or Columns()
     seq_len = 384 if task == "qa" and seq_len is None else (seq_len or 512)
-    cfg = FinetuneConfig(task=task, model=model_dir, train="-", dev=data, seq_len=min(seq_len, model.config.max_position_embeddings),
+    cfg = FinetuneConfig(task=task, model=model_dir, train="-", dev=data, seq_len=min(seq_len, model.config.max_sequence_length),
                          batch_size=batch_size, text_column=columns.text, pair_column=columns.pair,
                          label_column=columns.label, progress=False)
     if task == "classify" and model.config.num_labels == 1:

@@ -26,6 +26,7 @@ from ..errors import BertforgeError
 from ..interop.hf import save_pretrained
 from ..runconfig import PretrainConfig, TrainConfig
 from ..tasks.pretraining import build
+from ..tokenization.kinds import load_tokenizer
 from ..tokenization.tokenizer import Tokenizer
 from . import distributed as dist
 from .engines import make_trainer
@@ -81,9 +82,9 @@ def _data(cfg: PretrainConfig, out: Path) -> tuple[TokenShards, Tokenizer]:
 
 def _tokenizer(cfg: PretrainConfig) -> Tokenizer:
     if cfg.model and Path(cfg.model).is_dir():
-        return Tokenizer.from_pretrained(cfg.model)
+        return load_tokenizer(cfg.model)
     if cfg.tokenizer:
-        return Tokenizer.from_pretrained(cfg.tokenizer)
+        return load_tokenizer(cfg.tokenizer)
     print(f"tokenizer: training a {cfg.vocab_size:,}-piece WordPiece vocabulary on the corpus", flush=True)
     return Tokenizer.train(texts=lambda: _documents(cfg), vocab_size=cfg.vocab_size, lowercase=True,
                            show_progress=cfg.progress)

@@ -1,0 +1,155 @@
+"""RoBERTa and XLM-RoBERTa: BERT's encoder, trained differently, with three differences of layout.
+
+Liu et al. (2019) kept BERT's network and changed how it is trained (more data, longer, bigger
+batches, dynamic masking, no next-sentence prediction, byte-level BPE). What a checkpoint
+reader must know is therefore small, and it is all here:
+1. Position ids start after the padding id: token t of a row sits at `pad_token_id + 1 + t`
+   (fairseq's convention), and a padding token sits at `pad_token_id`. So a 512-token model has
+   `max_position_embeddings: 514`, and the position table's padding row is never trained.
+2. One segment: `type_vocab_size` is 1 in the published checkpoints, and the tokenizer sends no
+   token_type_ids. Pairs are `<s> A </s></s> B </s>` instead.
+3. The heads have their own layout: the masked-LM head is `lm_head` (dense -> exact GELU ->
+   LayerNorm -> tied decoder), whatever `hidden_act` says; the sentence classifier reads the `<s>`
+   token's state through its own `dense -> tanh -> out_proj` (there is no pooler in front of it).
+XLM-RoBERTa (Conneau et al., 2020) is the same network with a 250k SentencePiece vocabulary;
+only its names differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .base import NameTable
+from .bert import HF_NAMES as BERT_NAMES
+from .bert import BertModel
+from .config import BertConfig
+from .heads import BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+
+
+@dataclass
+class RobertaConfig(BertConfig):
+    """transformers' RobertaConfig: BERT's fields, with RoBERTa's vocabulary and padding id as defaults."""
+
+    model_type = "roberta"
+    vocab_size: int = 50265
+    pad_token_id: int | None = 1
+
+    @property
+    def position_offset(self) -> int:
+        return self.pad_token_id + 1
+
+
+@dataclass
+class XLMRobertaConfig(RobertaConfig):
+    """transformers' XLMRobertaConfig: the same fields and defaults as BERT's, but the padding id 1."""
+
+    model_type = "xlm-roberta"
+    vocab_size: int = 30522
+
+
+class RobertaModel(BertModel):
+    """BERT's encoder with positions counted from `pad_token_id + 1` (see point 1 above)."""
+
+    model_type = "roberta"
+    hf_architecture = "RobertaModel"
+    pads_positions = True
+
+    def default_position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """long [B, T] -> long [B, T]: each non-padding token's place in its row, plus the offset;
+        padding tokens get `pad_token_id` (fairseq's make_positions, as transformers computes them)."""
+        real = input_ids.ne(self.config.pad_token_id).long()
+        return torch.cumsum(real, dim=1) * real + self.config.pad_token_id
+
+
+class RobertaClassificationHead(nn.Module):
+    """The sentence classifier of RoBERTa checkpoints: dropout -> dense -> tanh -> dropout -> out_proj on `<s>`."""
+
+    def __init__(self, config: RobertaConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """The `<s>` states, float [B, H] -> logits float [B, num_labels]."""
+        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(first)))))
+
+
+class RobertaForMaskedLM(BertForMaskedLM):
+    """The masked-LM head of RoBERTa (its pretraining model): exact GELU whatever `hidden_act` says."""
+
+    model_type = "roberta"
+    hf_architecture = "RobertaForMaskedLM"
+    base_model_prefix = "roberta"
+    backbone_class = RobertaModel
+    mlm_activation = "gelu"
+
+
+class RobertaForSequenceClassification(BertForSequenceClassification):
+    """RoBERTa's classifier (or regressor): its own head on the `<s>` state, no pooler."""
+
+    model_type = "roberta"
+    hf_architecture = "RobertaForSequenceClassification"
+    base_model_prefix = "roberta"
+    backbone_class = RobertaModel
+
+    def __init__(self, config: RobertaConfig) -> None:
+        super().__init__(config, head=RobertaClassificationHead(config))
+
+
+class RobertaForTokenClassification(BertForTokenClassification):
+    model_type = "roberta"
+    hf_architecture = "RobertaForTokenClassification"
+    base_model_prefix = "roberta"
+    backbone_class = RobertaModel
+
+
+class RobertaForQuestionAnswering(BertForQuestionAnswering):
+    model_type = "roberta"
+    hf_architecture = "RobertaForQuestionAnswering"
+    base_model_prefix = "roberta"
+    backbone_class = RobertaModel
+
+
+# XLM-RoBERTa: the same classes under its own names.
+class XLMRobertaModel(RobertaModel):
+    model_type, hf_architecture = "xlm-roberta", "XLMRobertaModel"
+
+
+class XLMRobertaForMaskedLM(RobertaForMaskedLM):
+    model_type, hf_architecture, backbone_class = "xlm-roberta", "XLMRobertaForMaskedLM", XLMRobertaModel
+
+
+class XLMRobertaForSequenceClassification(RobertaForSequenceClassification):
+    model_type, hf_architecture, backbone_class = "xlm-roberta", "XLMRobertaForSequenceClassification", XLMRobertaModel
+
+
+class XLMRobertaForTokenClassification(RobertaForTokenClassification):
+    model_type, hf_architecture, backbone_class = "xlm-roberta", "XLMRobertaForTokenClassification", XLMRobertaModel
+
+
+class XLMRobertaForQuestionAnswering(RobertaForQuestionAnswering):
+    model_type, hf_architecture, backbone_class = "xlm-roberta", "XLMRobertaForQuestionAnswering", XLMRobertaModel
+
+
+# bertforge module name -> transformers module name: BERT's backbone names under `roberta.`, and RoBERTa's heads.
+HF_NAMES = NameTable(
+    backbone=BERT_NAMES.backbone,
+    heads=(
+        ("mlm.transform.dense", "lm_head.dense"),
+        ("mlm.transform.norm", "lm_head.layer_norm"),
+        ("mlm.bias", "lm_head.bias"),
+        ("mlm.decoder", "lm_head.decoder"),  # only with tie_word_embeddings: false
+        ("classifier.dense", "classifier.dense"),
+        ("classifier.out_proj", "classifier.out_proj"),
+        ("classifier", "classifier"),
+        ("qa_outputs", "qa_outputs"),
+    ),
+    prefix="roberta",
+    derived=r"(^|\.)embeddings\.position_ids$|(^|\.)embeddings\.token_type_ids$|^lm_head\.decoder\.bias$",
+    tied_decoder="lm_head.decoder.weight",
+)

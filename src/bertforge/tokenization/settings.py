@@ -1,0 +1,60 @@
+"""tokenizer_config.json for the `<s> A </s></s> B </s>` tokenizers (RoBERTa's byte-level BPE, XLM-R's Unigram).
+
+transformers builds these tokenizers from their vocabulary plus a few settings of
+tokenizer_config.json, whatever pipeline tokenizer.json carries; the added tokens (with their
+lstrip/rstrip flags) come from tokenizer.json. Every key is honoured, known to change no output,
+or refused by name, as for BERT's WordPiece (`tokenizer.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..errors import TokenizerError
+from .tokenizer import _NO_EFFECT_KEYS, SPECIAL_ROLES, read_max_length, read_special_tokens
+
+log = logging.getLogger("bertforge")
+
+# Their special tokens, as transformers' RobertaTokenizer and XLMRobertaTokenizer default them.
+SENTENCE_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
+                     "mask_token": "<mask>", "bos_token": "<s>", "eos_token": "</s>"}
+
+
+def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: bool) -> dict[str, Any]:
+    """{specials, model_max_length, add_prefix_space, trim_offsets, clean_up_spaces} of a checkpoint directory.
+
+    classes: the tokenizer_class names that are this pipeline; default_prefix_space: transformers' default
+    of add_prefix_space for it (RoBERTa False, XLM-R True).
+    """
+    config_file, config, _, specials = read_special_tokens(path, SENTENCE_SPECIALS)
+
+    def flag(key: str, default: bool) -> bool:
+        value = config.get(key, default)
+        if not isinstance(value, bool):
+            raise TokenizerError(f"{config_file}: key '{key}' must be true or false, got {value!r}")
+        return value
+
+    def refuse_unless(key: str, ok, why: str) -> None:
+        if key in config and not ok(config[key]):
+            raise TokenizerError(f"{config_file}: key '{key}' = {config[key]!r} is not supported: {why}")
+
+    refuse_unless("tokenizer_class", lambda v: v in classes, f"this directory's tokenizer is one of {sorted(classes)}")
+    refuse_unless("errors", lambda v: v == "replace", "bytes that are not UTF-8 decode to U+FFFD ('replace')")
+    refuse_unless("padding_side", lambda v: v == "right", "bertforge pads on the right")
+    refuse_unless("truncation_side", lambda v: v == "right", "bertforge truncates on the right")
+    refuse_unless("split_special_tokens", lambda v: v is False, "special tokens typed in the text are kept whole")
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        refuse_unless(key, lambda v: not v, "extra special tokens are not supported for this tokenizer yet")
+    known = {"model_max_length", "max_len", "tokenizer_class", "errors", "padding_side", "truncation_side",
+             "split_special_tokens", "add_prefix_space", "trim_offsets", "clean_up_tokenization_spaces",
+             *SENTENCE_SPECIALS, *_NO_EFFECT_KEYS}
+    unknown = sorted(k for k in config if k not in known)
+    if unknown:
+        log.warning("%s: keys %s are not settings of this tokenizer; transformers ignores them and so does bertforge",
+                    config_file, ", ".join(unknown))
+    return {"specials": {r: specials[r] for r in SPECIAL_ROLES}, "model_max_length": read_max_length(config, config_file),
+            "add_prefix_space": flag("add_prefix_space", default_prefix_space),
+            "trim_offsets": flag("trim_offsets", True),
+            "clean_up_spaces": flag("clean_up_tokenization_spaces", False)}

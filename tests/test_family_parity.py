@@ -1,0 +1,132 @@
+"""Family members against transformers, both ways, without downloads (litgpt's `test_against_hf_*`).
+
+For each architecture, head and shape: a small random transformers model with every parameter
+perturbed (LayerNorm and biases too, so a swapped or missing name cannot pass) is saved, read by
+bertforge's Auto classes and compared at real tokens; then bertforge saves it and transformers
+reads it back with no missing or unexpected keys and the same outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import bertforge  # noqa: E402
+
+from conftest import perturbed  # noqa: E402
+
+# (model_type, transformers config class, {our Auto class: transformers class})
+FAMILIES = {
+    "roberta": ("RobertaConfig", {
+        "AutoModel": "RobertaModel", "AutoModelForMaskedLM": "RobertaForMaskedLM",
+        "AutoModelForSequenceClassification": "RobertaForSequenceClassification",
+        "AutoModelForTokenClassification": "RobertaForTokenClassification",
+        "AutoModelForQuestionAnswering": "RobertaForQuestionAnswering"}),
+    "xlm-roberta": ("XLMRobertaConfig", {
+        "AutoModel": "XLMRobertaModel", "AutoModelForMaskedLM": "XLMRobertaForMaskedLM",
+        "AutoModelForSequenceClassification": "XLMRobertaForSequenceClassification",
+        "AutoModelForTokenClassification": "XLMRobertaForTokenClassification",
+        "AutoModelForQuestionAnswering": "XLMRobertaForQuestionAnswering"}),
+}
+# Shapes that exercise what the family adds: the position offset (max_position_embeddings = T + 2), an
+# untied decoder, a non-GELU hidden_act (the LM head stays exact GELU), RoBERTa's layer_norm_eps, a
+# second segment embedding, the classifier's own dropout setting.
+SHAPES = {
+    "base": dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                 max_position_embeddings=18, type_vocab_size=1, layer_norm_eps=1e-5),
+    "untied-relu": dict(vocab_size=90, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=40, max_position_embeddings=34, type_vocab_size=2, hidden_act="relu",
+                        tie_word_embeddings=False, classifier_dropout=0.3, pad_token_id=1),
+}
+T = 16  # the longest row: max_position_embeddings - 2 for the "base" shape
+
+
+def batch(config, seed: int = 1):
+    """Right-padded rows of real ids (never the padding id) with `pad_token_id` at padding."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, config.vocab_size, (3, T), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 11:] = 0
+    mask[2, 5:] = 0
+    ids = ids.masked_fill(mask == 0, config.pad_token_id)
+    types = torch.zeros_like(ids)
+    if config.type_vocab_size > 1:
+        types[:, 7:] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def comparable(out) -> dict[str, torch.Tensor]:
+    got = {name: getattr(out, name) for name in ("last_hidden_state", "pooler_output", "logits", "start_logits",
+                                                  "end_logits") if isinstance(getattr(out, name, None), torch.Tensor)}
+    got["hidden_states"] = torch.stack(out.hidden_states)
+    return got
+
+
+def assert_same(ours, theirs, mask: torch.Tensor) -> None:
+    a, b = comparable(ours), comparable(theirs)
+    shared = set(a) & set(b)
+    assert len(shared) >= 2 and "hidden_states" in shared and set(b) <= set(a), (sorted(a), sorted(b))
+    real = mask.bool()
+    for key in shared:
+        x, y = a[key], b[key]
+        if key == "hidden_states":
+            x, y = x[:, real], y[:, real]
+        elif x.dim() >= 2 and x.shape[:2] == real.shape:
+            x, y = x[real], y[real]
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=0, msg=lambda m: f"{key}: {m}")
+
+
+CASES = [(family, auto, shape) for family, (_, heads) in FAMILIES.items() for auto in heads for shape in SHAPES]
+
+
+@pytest.mark.parametrize("family, auto, shape", CASES)
+def test_both_ways(tmp_path, family, auto, shape):
+    config_name, heads = FAMILIES[family]
+    labels = 2 if auto == "AutoModelForQuestionAnswering" else 3
+    config = getattr(transformers, config_name)(**SHAPES[shape], num_labels=labels)
+    torch.manual_seed(0)
+    hf_model = perturbed(getattr(transformers, heads[auto])(config))
+    hf_model.save_pretrained(tmp_path / "hf")
+    inputs = batch(config)
+
+    ours = getattr(bertforge, auto).from_pretrained(tmp_path / "hf")
+    assert type(ours).__name__ == heads[auto] and ours.config.model_type == family
+    assert ours.load_report.missing_keys == [] and ours.load_report.unexpected_keys == []
+    with torch.no_grad():
+        mine = ours(**inputs, output_hidden_states=True)
+        theirs = hf_model(**inputs, output_hidden_states=True)
+    assert_same(mine, theirs, inputs["attention_mask"])
+
+    ours.save_pretrained(tmp_path / "ours")
+    back, info = getattr(transformers, heads[auto]).from_pretrained(tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        again = back.eval()(**inputs, output_hidden_states=True)
+    assert_same(mine, again, inputs["attention_mask"])
+
+
+def test_padding_changes_no_real_token():
+    """A row's outputs do not depend on the padding after it, on the unpadded path or the masked one."""
+    from bertforge.models.roberta import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    model = perturbed(RobertaModel(RobertaConfig(**SHAPES["base"])))
+    row = torch.randint(3, 120, (1, 6))
+    alone = model(row).last_hidden_state
+    padded = torch.cat([row, torch.full((1, 5), 1)], dim=1)
+    mask = (padded != 1).long()
+    for unpad in (True, False):
+        model.unpad = unpad
+        out = model(padded, attention_mask=mask).last_hidden_state[:, :6]
+        torch.testing.assert_close(out, alone, atol=1e-6, rtol=0)
+
+
+def test_a_longer_row_than_the_positions_allow_is_refused():
+    from bertforge.errors import InputError
+    from bertforge.models.roberta import RobertaConfig, RobertaModel
+
+    model = RobertaModel(RobertaConfig(**SHAPES["base"]))
+    with pytest.raises(InputError, match="16 positions"):
+        model(torch.full((1, T + 1), 5))

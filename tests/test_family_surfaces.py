@@ -1,0 +1,173 @@
+"""RoBERTa and XLM-RoBERTa checkpoints through bertforge's surfaces: predict, serve's runners, backends,
+inspect, attention maps, and the refusals around them.
+
+Each checkpoint is a small random transformers model (every parameter perturbed) saved with a
+tokenizer of its family trained in the test; each surface's numbers are compared with what
+transformers or sentence-transformers computes from the same directory.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import bertforge  # noqa: E402
+from bertforge.errors import BertforgeError  # noqa: E402
+from bertforge.inference.predict import run_predict  # noqa: E402
+from bertforge.tokenization.sentence import ByteLevelBPETokenizer  # noqa: E402
+
+from conftest import corpus, perturbed  # noqa: E402
+
+TEXTS = ["a good film", "a bad film , truly", "Héllo wörld 東京", "not good at all"]
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+             max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5)
+
+
+@pytest.fixture(scope="module")
+def roberta_dirs(tmp_path_factory):
+    """A RoBERTa of each head, each with the same byte-level BPE tokenizer."""
+    root = tmp_path_factory.mktemp("roberta")
+    bpe = ByteLevelBPETokenizer.train(texts=corpus(), vocab_size=400)
+    out = {}
+    torch.manual_seed(0)
+    for name, cls, labels in (("masked", "RobertaForMaskedLM", None),
+                              ("classifier", "RobertaForSequenceClassification", ["neg", "pos"]),
+                              ("tagger", "RobertaForTokenClassification", ["O", "B-PER", "I-PER"]),
+                              ("reader", "RobertaForQuestionAnswering", None)):
+        extra = {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}} if labels else {}
+        config = transformers.RobertaConfig(vocab_size=bpe.vocab_size, **SIZES, **extra)
+        perturbed(getattr(transformers, cls)(config)).save_pretrained(root / name)
+        bpe.save(root / name)
+        out[name] = root / name
+    return out
+
+
+def test_classify_gives_transformers_probabilities(roberta_dirs):
+    rows = list(run_predict("classify", str(roberta_dirs["classifier"]), TEXTS, backend="torch"))
+    tok = transformers.AutoTokenizer.from_pretrained(roberta_dirs["classifier"])
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(roberta_dirs["classifier"]).eval()
+    with torch.no_grad():
+        probs = model(**tok(TEXTS, padding=True, return_tensors="pt")).logits.softmax(-1)
+    for row, p in zip(rows, probs):
+        assert set(row["scores"]) == {"neg", "pos"}
+        assert row["scores"]["pos"] == pytest.approx(float(p[1]), abs=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["fused", "onnx"])
+def test_backends_agree_with_torch_on_roberta(roberta_dirs, backend):
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime")
+    ref = list(run_predict("classify", str(roberta_dirs["classifier"]), TEXTS, backend="torch"))
+    got = list(run_predict("classify", str(roberta_dirs["classifier"]), TEXTS, backend=backend))
+    for a, b in zip(ref, got):
+        assert b["scores"]["pos"] == pytest.approx(a["scores"]["pos"], abs=1e-4)
+
+
+def test_fill_mask_reads_the_mask_token_of_the_family(roberta_dirs):
+    text = "a good <mask> ."
+    rows = list(run_predict("fill-mask", str(roberta_dirs["masked"]), [text], top_k=3, backend="torch"))
+    tok = transformers.AutoTokenizer.from_pretrained(roberta_dirs["masked"])
+    model = transformers.AutoModelForMaskedLM.from_pretrained(roberta_dirs["masked"]).eval()
+    enc = tok(text, return_tensors="pt")
+    at = enc["input_ids"][0].tolist().index(tok.mask_token_id)
+    with torch.no_grad():
+        best = model(**enc).logits[0, at].softmax(-1).topk(3)
+    ours = rows[0]["predictions"][0]  # the one mask's candidates
+    assert [p["token"] for p in ours] == best.indices.tolist()
+    assert ours[0]["score"] == pytest.approx(float(best.values[0]), abs=1e-5)
+
+
+def test_ner_and_qa_map_byte_level_tokens_back_to_characters(roberta_dirs):
+    """Entities and answers are character spans of the input (BPE offsets trimmed of their spaces)."""
+    text = "John lives in Paris ."
+    entities = list(run_predict("ner", str(roberta_dirs["tagger"]), [text], backend="torch"))[0]["entities"]
+    assert entities, "a random tagger with 3 tags tags something in 5 words"
+    for entity in entities:
+        assert text[entity["start"]:entity["end"]] == entity["word"] and entity["word"] == entity["word"].strip()
+    answer = list(run_predict("qa", str(roberta_dirs["reader"]), [{"question": "who lives there?", "context": text}],
+                              backend="torch"))[0]
+    assert text[answer["start"]:answer["end"]] == answer["answer"] != ""
+
+
+def test_embed_equals_sentence_transformers(roberta_dirs):
+    st = pytest.importorskip("sentence_transformers")
+    ours = torch.tensor([row["embedding"] for row in run_predict("embed", str(roberta_dirs["classifier"]), TEXTS,
+                                                                 backend="torch")])
+    theirs = st.SentenceTransformer(str(roberta_dirs["classifier"]), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=0)
+
+
+def test_xlmr_cross_encoder_reranks_as_sentence_transformers(unigram_dirs, tmp_path):
+    """A bge-reranker-shaped model (XLM-R, one relevance logit): serve's scores are CrossEncoder's."""
+    st = pytest.importorskip("sentence_transformers")
+    from bertforge.server.service import Limits, Service
+
+    tok_dir = unigram_dirs / "hf"
+    vocab = json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    config = transformers.XLMRobertaConfig(vocab_size=len(vocab), **SIZES, num_labels=1)
+    torch.manual_seed(1)
+    perturbed(transformers.XLMRobertaForSequenceClassification(config)).save_pretrained(tmp_path)
+    for f in tok_dir.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    pairs = [("what is a good film?", t) for t in TEXTS]
+    service = Service(str(tmp_path), Limits(backend="torch"))
+    ours = [score for score, _ in service.relevance(pairs)]
+    theirs = st.CrossEncoder(str(tmp_path), device="cpu").predict(pairs)
+    assert ours == pytest.approx([float(x) for x in theirs], abs=1e-5)
+
+
+def test_attention_maps_and_inspect_read_roberta(roberta_dirs):
+    from bertforge.interop.inspect import inspect_checkpoint
+    from bertforge.tokenization.kinds import load_tokenizer
+    from bertforge.viz import attention_maps
+
+    encoder = bertforge.AutoModel.from_pretrained(roberta_dirs["classifier"])
+    tokens, attn = attention_maps(encoder, load_tokenizer(roberta_dirs["classifier"]), "a good film", "yes")
+    assert tokens[0] == "<s>" and attn.shape[:2] == (2, 4)
+    report = inspect_checkpoint(roberta_dirs["classifier"])
+    assert report["architecture"] == "RobertaForSequenceClassification"
+    assert report["missing_keys"] == [] and report["unexpected_keys"] == []
+
+
+def test_a_bert_class_refuses_a_roberta_directory(roberta_dirs):
+    with pytest.raises(BertforgeError, match="model_type is 'roberta'.*BertModel reads 'bert'"):
+        bertforge.BertModel.from_pretrained(roberta_dirs["classifier"])
+
+
+@pytest.fixture(scope="module")
+def roberta_backbone(tmp_path_factory):
+    """A bare RoBERTa (no head) with a BPE tokenizer trained on WikiText: what a user fine-tunes from."""
+    path = tmp_path_factory.mktemp("roberta-base")
+    bpe = ByteLevelBPETokenizer.train(texts=corpus(), vocab_size=1000)
+    config = transformers.RobertaConfig(vocab_size=bpe.vocab_size, **(SIZES | {"max_position_embeddings": 130}))
+    torch.manual_seed(0)
+    transformers.RobertaModel(config).save_pretrained(path)
+    bpe.save(path)
+    return path
+
+
+@pytest.mark.parametrize("task, files, arch", [
+    ("classify", ("glue/RTE/train.tsv", "glue/RTE/dev.tsv"), "RobertaForSequenceClassification"),
+    ("ner", ("conll2003/train.txt", "conll2003/valid.txt"), "RobertaForTokenClassification"),
+])
+def test_finetune_a_roberta(tmp_path, roberta_backbone, task, files, arch):
+    """`finetune` builds the head of the checkpoint's family and writes what transformers loads."""
+    from conftest import shared
+    from test_finetune import run, slice_file
+
+    lines = 65 if task == "classify" else 300
+    train = slice_file(shared(*files[0].split("/")), tmp_path / "train", lines)
+    dev = slice_file(shared(*files[1].split("/")), tmp_path / "dev", lines // 2)
+    out = tmp_path / "out"
+    result = run("finetune", task, "--model", str(roberta_backbone), "--train", str(train), "--dev", str(dev),
+                 "--out", str(out), "--epochs", "1", "--batch-size", "16", "--seq-len", "64")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [arch] and config["model_type"] == "roberta"
+    model, info = getattr(transformers, arch).from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert isinstance(bertforge.AutoTokenizer.from_pretrained(out), ByteLevelBPETokenizer)

@@ -1,0 +1,119 @@
+"""The family's tokenizers against transformers' fast tokenizers, both ways, on adversarial text.
+
+RoBERTa's byte-level BPE and XLM-RoBERTa's SentencePiece Unigram are trained in the test on a little
+text (no downloads); transformers builds its tokenizer from the same vocabulary and saves it;
+bertforge reads that directory, and transformers reads what bertforge saves. Ids, offsets,
+special-token masks, pairs, padding and truncation must agree.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import bertforge  # noqa: E402
+from bertforge.errors import TokenizerError  # noqa: E402
+from bertforge.tokenization.sentence import ByteLevelBPETokenizer, UnigramTokenizer  # noqa: E402
+
+from conftest import corpus  # noqa: E402, F401  (unigram_dirs: a conftest fixture)
+
+ADVERSARIAL = ["Hello <mask> world", "Héllo wörld, 東京 🙂!", "zero\u200bwidth\u200d joiner", "ctrl\x00\x07chars\ttab",
+               "a" * 300, "  leading and trailing  ", "", "naïve café", "ﬁ ligature Ａ full-width", "ÅÄÖ åäö",
+               "tab\tand\nnewline", "<s> typed specials </s>"]
+PAIRS = [None, "the pair text", "東京 🙂"]
+
+
+def agree(ours, theirs) -> int:
+    """How many (text, pair) cases were compared; fails on the first disagreement."""
+    n = 0
+    for text in ADVERSARIAL:
+        for pair in PAIRS:
+            a = ours(text, pair, return_offsets_mapping=True, return_special_tokens_mask=True)
+            b = theirs(text, pair, return_offsets_mapping=True, return_special_tokens_mask=True)
+            assert set(a) == set(b), (set(a), set(b))
+            for key in a:
+                x = [tuple(v) for v in a[key]] if key == "offset_mapping" else a[key]
+                y = [tuple(v) for v in b[key]] if key == "offset_mapping" else b[key]
+                assert x == y, (key, text, pair)
+            n += 1
+    a = ours(ADVERSARIAL[:6], ADVERSARIAL[6:], padding=True, truncation=True, max_length=24, return_tensors="pt")
+    b = theirs(ADVERSARIAL[:6], ADVERSARIAL[6:], padding=True, truncation=True, max_length=24, return_tensors="pt")
+    assert set(a) == set(b) and all(a[k].tolist() == b[k].tolist() for k in a)
+    assert ours.decode(a["input_ids"][1].tolist()) == theirs.decode(b["input_ids"][1].tolist(), skip_special_tokens=True)
+    return n + 1
+
+
+@pytest.fixture(scope="module")
+def bpe_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bpe")
+    ours = ByteLevelBPETokenizer.train(texts=corpus(), vocab_size=700)
+    ours.save(root / "ours")
+    model = json.loads(ours.backend.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    transformers.RobertaTokenizer(vocab=model["vocab"], merges=merges).save_pretrained(root / "hf")
+    return root
+
+
+@pytest.mark.parametrize("side", ["hf", "ours"])
+def test_bpe_agrees_with_transformers(bpe_dirs, side):
+    ours = bertforge.AutoTokenizer.from_pretrained(bpe_dirs / side)
+    assert isinstance(ours, ByteLevelBPETokenizer)
+    assert agree(ours, transformers.AutoTokenizer.from_pretrained(bpe_dirs / side)) == len(ADVERSARIAL) * len(PAIRS) + 1
+
+
+@pytest.mark.parametrize("side", ["hf", "ours"])
+def test_unigram_agrees_with_transformers(unigram_dirs, side):
+    ours = bertforge.AutoTokenizer.from_pretrained(unigram_dirs / side)
+    assert isinstance(ours, UnigramTokenizer)
+    assert agree(ours, transformers.AutoTokenizer.from_pretrained(unigram_dirs / side)) == len(ADVERSARIAL) * len(PAIRS) + 1
+
+
+def test_bpe_reads_vocab_json_and_merges_alone(bpe_dirs, tmp_path):
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((bpe_dirs / "ours" / name).read_bytes())
+    ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
+    assert agree(ours, transformers.AutoTokenizer.from_pretrained(bpe_dirs / "hf")) > 0
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("tokenizer_class", "BertTokenizer", "tokenizer_class"),
+    ("errors", "strict", "errors"),
+    ("add_prefix_space", "yes", "add_prefix_space"),
+    ("padding_side", "left", "padding_side"),
+])
+def test_settings_are_honoured_or_refused_by_name(bpe_dirs, tmp_path, key, value, words):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((bpe_dirs / "ours" / name).read_bytes())
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config[key] = value
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(TokenizerError, match=words):
+        bertforge.AutoTokenizer.from_pretrained(tmp_path)
+
+
+def test_add_prefix_space_is_honoured(bpe_dirs, tmp_path):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((bpe_dirs / "ours" / name).read_bytes())
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["add_prefix_space"] = True
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert ours("Hello world")["input_ids"] == theirs("Hello world")["input_ids"]
+    assert ours("Hello world")["input_ids"] != bertforge.AutoTokenizer.from_pretrained(bpe_dirs / "ours")("Hello world")["input_ids"]
+
+
+def test_pre_split_words_need_the_prefix_space_as_in_transformers(bpe_dirs):
+    words = [["EU", "rejects", "German", "call"], ["Héllo", "東京", "🙂"]]
+    ours = bertforge.AutoTokenizer.from_pretrained(bpe_dirs / "hf")
+    with pytest.raises(TokenizerError, match="add_prefix_space"):
+        ours(words, is_split_into_words=True)
+    theirs = transformers.AutoTokenizer.from_pretrained(bpe_dirs / "hf", add_prefix_space=True)
+    a = ours.for_words()(words, is_split_into_words=True, return_offsets_mapping=True)
+    b = theirs(words, is_split_into_words=True, return_offsets_mapping=True)
+    assert a["input_ids"] == b["input_ids"]
+    assert [[tuple(o) for o in row] for row in a["offset_mapping"]] == [[tuple(o) for o in row] for row in b["offset_mapping"]]
+    assert [a.word_ids(i) for i in range(2)] == [b.word_ids(i) for i in range(2)]
