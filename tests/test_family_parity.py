@@ -128,5 +128,5 @@ def test_a_longer_row_than_the_positions_allow_is_refused():
     from bertforge.models.roberta import RobertaConfig, RobertaModel
 
     model = RobertaModel(RobertaConfig(**SHAPES["base"]))
-    with pytest.raises(InputError, match="16 positions"):
+    with pytest.raises(InputError, match=r"exceeds max_position_embeddings \(18\) less the 2 .*max_length=16"):
         model(torch.full((1, T + 1), 5))

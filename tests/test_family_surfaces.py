@@ -114,8 +114,12 @@ def test_xlmr_cross_encoder_reranks_as_sentence_transformers(unigram_dirs, tmp_p
     for f in tok_dir.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
     pairs = [("what is a good film?", t) for t in TEXTS]
-    service = Service(str(tmp_path), Limits(backend="torch"))
-    ours = [score for score, _ in service.relevance(pairs)]
+    grad = torch.is_grad_enabled()
+    try:
+        service = Service(str(tmp_path), Limits(backend="torch"))  # a server process turns autograd off for good
+        ours = [score for score, _ in service.relevance(pairs)]
+    finally:
+        torch.set_grad_enabled(grad)
     theirs = st.CrossEncoder(str(tmp_path), device="cpu").predict(pairs)
     assert ours == pytest.approx([float(x) for x in theirs], abs=1e-5)
 

@@ -129,9 +129,10 @@ class BertModel(BertPreTrainedModel):
             raise InputError(f"input_ids must have shape [batch, seq_len], got {tuple(input_ids.shape)}")
         longest = c.max_position_embeddings - self.position_offset
         if input_ids.shape[1] > longest:
+            skipped = f" less the {self.position_offset} position ids before a row's first" if self.position_offset else ""
             raise InputError(
-                f"sequence length {input_ids.shape[1]} exceeds the {longest} positions max_position_embeddings "
-                f"({c.max_position_embeddings}) leaves; truncate the input (e.g. max_length={longest})"
+                f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings ({c.max_position_embeddings})"
+                f"{skipped}; truncate the input (e.g. max_length={longest})"
             )
         for name, t, limit in (("input_ids", input_ids, c.vocab_size), ("token_type_ids", token_type_ids, c.type_vocab_size),
                                ("position_ids", position_ids, c.max_position_embeddings)):

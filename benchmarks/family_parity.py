@@ -1,0 +1,154 @@
+"""Family parity report: every architecture x head x shape against transformers, both ways, and tokenizer agreement.
+
+For each family member bertforge reads, builds small random transformers models (every parameter
+perturbed), saves them, loads them with bertforge's Auto classes (transformers -> bertforge), saves
+them again with bertforge and loads them with transformers (bertforge -> transformers), and records
+the largest absolute difference over real tokens of every output, on SST-2 dev sentences tokenised by
+a tokenizer of the family trained on WikiText-2. Then counts how many of those sentences (single and
+paired) the family's tokenizers encode exactly as transformers' (ids and offsets).
+
+    python -m benchmarks.family_parity          # writes benchmarks/results/family_parity.json, prints a table
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer as Backend
+from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+import bertforge
+from bertforge.tokenization.sentence import ByteLevelBPETokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+HEADS = ("AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
+         "AutoModelForQuestionAnswering")
+FAMILIES = {  # model_type: (transformers class prefix, tokenizer kind)
+    "roberta": ("Roberta", "bpe"),
+    "xlm-roberta": ("XLMRoberta", "unigram"),
+}
+SHAPES = {
+    "L2-H32, tied, gelu": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                               type_vocab_size=1, layer_norm_eps=1e-5),
+    "L1-H24, untied, relu, 2 segments": dict(hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=40, type_vocab_size=2, hidden_act="relu",
+                                             tie_word_embeddings=False, classifier_dropout=0.3),
+}
+AUTO_TO_HF = {"AutoModel": "Model", "AutoModelForMaskedLM": "ForMaskedLM",
+              "AutoModelForSequenceClassification": "ForSequenceClassification",
+              "AutoModelForTokenClassification": "ForTokenClassification",
+              "AutoModelForQuestionAnswering": "ForQuestionAnswering"}
+
+
+def texts() -> tuple[list[str], list[str]]:
+    wiki = [line for line in (DATA / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").splitlines()
+            if line.strip()][:3000]
+    sst = [line.split("\t")[0] for line in (DATA / "glue/SST-2/dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    return wiki, sst
+
+
+def tokenizer_dir(kind: str, wiki: list[str], root: Path) -> Path:
+    """A tokenizer of the family, trained here, saved by transformers."""
+    path = root / f"tok-{kind}"
+    if kind == "bpe":
+        model = json.loads(ByteLevelBPETokenizer.train(texts=wiki, vocab_size=2000).backend.to_str())["model"]
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        transformers.RobertaTokenizer(vocab=model["vocab"], merges=merges).save_pretrained(path)
+    else:
+        backend = Backend(models.Unigram())
+        backend.normalizer = normalizers.NFKC()
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.train_from_iterator(wiki, trainers.UnigramTrainer(
+            vocab_size=2000, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], unk_token="<unk>"))
+        vocab = [(p, s) for p, s in json.loads(backend.to_str())["model"]["vocab"]]
+        transformers.XLMRobertaTokenizer(vocab=vocab).save_pretrained(path)
+    return path
+
+
+def tokenizer_agreement(path: Path, sst: list[str]) -> dict[str, int]:
+    ours, theirs = bertforge.AutoTokenizer.from_pretrained(path), transformers.AutoTokenizer.from_pretrained(path)
+    same = 0
+    cases = [(s, None) for s in sst] + list(zip(sst, sst[1:] + sst[:1]))
+    for text, pair in cases:
+        a = ours(text, pair, return_offsets_mapping=True)
+        b = theirs(text, pair, return_offsets_mapping=True)
+        same += a["input_ids"] == b["input_ids"] and [tuple(o) for o in a["offset_mapping"]] == \
+            [tuple(o) for o in b["offset_mapping"]]
+    return {"inputs": len(cases), "identical": same}
+
+
+def max_diff(a, b, mask: torch.Tensor) -> float:
+    worst = 0.0
+    real = mask.bool()
+    for name in ("last_hidden_state", "pooler_output", "logits", "start_logits", "end_logits"):
+        x, y = getattr(a, name, None), getattr(b, name, None)
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            continue
+        if x.dim() >= 2 and x.shape[:2] == real.shape:
+            x, y = x[real], y[real]
+        worst = max(worst, float((x - y).abs().max()))
+    return worst
+
+
+def main() -> None:
+    wiki, sst = texts()
+    rows, tokenizers = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for model_type, (prefix, kind) in FAMILIES.items():
+            tok_dir = tokenizer_dir(kind, wiki, root)
+            tokenizers[model_type] = tokenizer_agreement(tok_dir, sst)
+            tok = bertforge.AutoTokenizer.from_pretrained(tok_dir)
+            batches = [tok(sst[i:i + 32], padding=True, truncation=True, max_length=64, return_tensors="pt",
+                           return_token_type_ids=True) for i in range(0, 256, 32)]
+            for shape, sizes in SHAPES.items():
+                for auto in HEADS:
+                    labels = 2 if auto.endswith("QuestionAnswering") else 3
+                    config = getattr(transformers, f"{prefix}Config")(vocab_size=tok.vocab_size, num_labels=labels,
+                                                                      max_position_embeddings=66, **sizes)
+                    torch.manual_seed(0)
+                    hf = getattr(transformers, prefix + AUTO_TO_HF[auto])(config)
+                    g = torch.Generator().manual_seed(0)
+                    with torch.no_grad():
+                        for p in hf.parameters():
+                            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+                    hf.eval().save_pretrained(root / "hf")
+                    ours = getattr(bertforge, auto).from_pretrained(root / "hf")
+                    ours.save_pretrained(root / "ours")
+                    back, info = getattr(transformers, prefix + AUTO_TO_HF[auto]).from_pretrained(
+                        root / "ours", output_loading_info=True)
+                    back.eval()
+                    forward = backward = 0.0
+                    with torch.no_grad():
+                        for batch in batches:
+                            if config.type_vocab_size == 1:
+                                batch = {k: v for k, v in batch.items() if k != "token_type_ids"}
+                            mine = ours(**batch)
+                            forward = max(forward, max_diff(mine, hf(**batch), batch["attention_mask"]))
+                            backward = max(backward, max_diff(mine, back(**batch), batch["attention_mask"]))
+                    rows.append({"model_type": model_type, "head": type(ours).__name__, "shape": shape,
+                                 "transformers_to_bertforge": forward, "bertforge_to_transformers": backward,
+                                 "missing": len(info["missing_keys"]), "unexpected": len(info["unexpected_keys"])})
+    result = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+              "transformers": transformers.__version__, "sentences": 256, "rows": rows, "tokenizers": tokenizers}
+    out = ROOT / "benchmarks" / "results" / "family_parity.json"
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print("| model_type | head | shape | max abs diff, transformers -> bertforge | bertforge -> transformers "
+          "| missing / unexpected keys |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model_type']} | {r['head']} | {r['shape']} | {r['transformers_to_bertforge']:.1e} "
+              f"| {r['bertforge_to_transformers']:.1e} | {r['missing']} / {r['unexpected']} |")
+    for model_type, t in tokenizers.items():
+        print(f"{model_type} tokenizer: {t['identical']} of {t['inputs']} SST-2 dev inputs (singles and pairs) "
+              "identical to transformers' (ids and offsets)")
+
+
+if __name__ == "__main__":
+    main()

