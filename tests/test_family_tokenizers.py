@@ -117,3 +117,37 @@ def test_pre_split_words_need_the_prefix_space_as_in_transformers(bpe_dirs):
     assert a["input_ids"] == b["input_ids"]
     assert [[tuple(o) for o in row] for row in a["offset_mapping"]] == [[tuple(o) for o in row] for row in b["offset_mapping"]]
     assert [a.word_ids(i) for i in range(2)] == [b.word_ids(i) for i in range(2)]
+
+
+@pytest.mark.parametrize("kind, cls", [("bpe", "RobertaTokenizer")])
+def test_cli_trains_each_kind_reproducibly_and_transformers_reads_it(tmp_path, kind, cls):
+    import subprocess
+    import sys
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(corpus()[:1500]) + "\n", encoding="utf-8")
+    runs = []
+    for name in ("a", "b"):
+        result = subprocess.run([sys.executable, "-m", "bertforge", "tokenizer", "train", str(text), "--kind", kind,
+                                 "--vocab-size", "500", "--out", str(tmp_path / name), "--json"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        runs.append((tmp_path / name / "tokenizer.json").read_bytes())
+    assert runs[0] == runs[1]  # the same files give the same vocabulary, byte for byte
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "a")
+    assert type(theirs).__name__ == cls
+    ours = bertforge.AutoTokenizer.from_pretrained(tmp_path / "a")
+    assert [ours.token_to_id(t) for t in ("<s>", "<pad>", "</s>", "<unk>", "<mask>")] == [0, 1, 2, 3, 4]
+    assert agree(ours, theirs) > 0
+
+
+def test_cli_refuses_unigram_training_with_its_reason(tmp_path):
+    import subprocess
+    import sys
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("a few words\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "bertforge", "tokenizer", "train", str(text), "--kind", "unigram",
+                             "--out", str(tmp_path / "u")], capture_output=True, text=True)
+    assert result.returncode == 2 and "not reproducible" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "u").exists()

@@ -57,36 +57,45 @@ def inspect(path: str, json: bool = False) -> None:
 
 
 @command(tokenizer_app, "train")
-def tokenizer_train(files: list[str], *, out: str, vocab_size: int = 30522, min_frequency: int = 2,
-                    cased: bool = False, overwrite: bool = False, json: bool = False) -> None:
-    """Train a WordPiece vocabulary on text files.
+def tokenizer_train(files: list[str], *, out: str, kind: Literal["wordpiece", "bpe", "unigram"] = "wordpiece",
+                    vocab_size: int = 30522, min_frequency: int = 2, cased: bool = False, overwrite: bool = False,
+                    json: bool = False) -> None:
+    """Train a vocabulary on text files: BERT's WordPiece or RoBERTa's byte-level BPE.
 
-    Writes a BERT vocabulary ([PAD]=0, [UNK], [CLS], [SEP], [MASK]) as vocab.txt, tokenizer.json
-    and tokenizer_config.json. The same files give the same vocabulary, byte for byte.
+    WordPiece writes [PAD]=0, [UNK], [CLS], [SEP], [MASK] as vocab.txt, tokenizer.json and
+    tokenizer_config.json; BPE writes <s>=0, <pad>, </s>, <unk>, <mask> as tokenizer.json,
+    tokenizer_config.json, vocab.json and merges.txt, which transformers' RobertaTokenizer reads.
+    The same files give the same vocabulary, byte for byte.
 
     Args:
         files: UTF-8 text files (.gz allowed)
         out: output directory
-        vocab_size: vocabulary size (30522 is bert-base's)
-        min_frequency: ignore pieces seen fewer times
-        cased: keep case and accents (default: lowercase and strip accents)
+        kind: wordpiece (BERT, DistilBERT) or bpe (RoBERTa); unigram (XLM-RoBERTa) is refused with its reason
+        vocab_size: vocabulary size (30522 is bert-base's, 50265 roberta-base's)
+        min_frequency: ignore pieces seen fewer times (WordPiece and BPE)
+        cased: keep case and accents (WordPiece; BPE and Unigram always keep them)
         overwrite: replace a vocabulary already in --out
         json: print one JSON object instead of a summary
     """
-    from ..tokenization.tokenizer import Tokenizer
+    from ..tokenization.kinds import KINDS
 
     target = Path(out)
     if not files:
         raise BertforgeError("tokenizer train needs at least one text file")
-    if (target / "vocab.txt").exists() and not overwrite:
-        raise BertforgeError(f"{target}: already holds a vocab.txt; pass --overwrite to replace it")
+    if any((target / name).exists() for name in ("vocab.txt", "tokenizer.json")) and not overwrite:
+        raise BertforgeError(f"{target}: already holds a tokenizer; pass --overwrite to replace it")
     for f in files:
         if not Path(f).is_file():
             raise BertforgeError(f"{f}: no such file")
-    tok = Tokenizer.train(files, vocab_size=vocab_size, lowercase=not cased, min_frequency=min_frequency,
-                          show_progress=sys.stderr.isatty())
+    if kind != "wordpiece" and cased:
+        raise BertforgeError(f"--cased is a WordPiece setting; a {kind} vocabulary always keeps case and accents")
+    options = {"lowercase": not cased} if kind == "wordpiece" else {}
+    tok = KINDS[kind].train(files, vocab_size=vocab_size, min_frequency=min_frequency,
+                            show_progress=sys.stderr.isatty(), **options)
     tok.save(target)
-    show({"out": str(target), "vocab_size": tok.vocab_size, "lowercase": not cased}, json, "vocabulary written")
+    lowercase = kind == "wordpiece" and not cased
+    show({"out": str(target), "kind": kind, "vocab_size": tok.vocab_size, "lowercase": lowercase}, json,
+         "vocabulary written")
 
 
 @command(app, "prepare")

@@ -172,10 +172,10 @@ class JaxModel(ForeignModel):
         from ..jax.bert import MODELS, seeded
         from ..jax.checkpoint import load_torch_state
 
-        architecture = "BertModel" if backbone_only else model.hf_architecture
+        source = model.backbone if backbone_only and hasattr(model, "backbone") else model
+        architecture = source.hf_architecture  # a RoBERTa's backbone is RobertaModel, which JAX does not have
         if architecture not in MODELS:
             raise InputError(f"--backend jax has no {architecture} yet; JAX has {', '.join(MODELS)}")
-        source = model.backbone if backbone_only and hasattr(model, "backbone") else model
         super().__init__(source)
         self._whole = model
         if architecture == "BertModel":  # a backbone built without its pooler stays without it

@@ -75,7 +75,8 @@ class PreTrainedModel(nn.Module):
         """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
         std = self.config.initializer_range
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, (nn.Linear, nn.Embedding)) and module.weight.requires_grad:
+                # (a frozen table, such as DistilBERT's sinusoidal positions, keeps the values it was built with)
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)

@@ -136,7 +136,7 @@ class BertModel(BertPreTrainedModel):
             )
         for name, t, limit in (("input_ids", input_ids, c.vocab_size), ("token_type_ids", token_type_ids, c.type_vocab_size),
                                ("position_ids", position_ids, c.max_position_embeddings)):
-            if t is None or t.numel() == 0:
+            if t is None or t.numel() == 0 or limit == 0:  # limit 0: no segments, token_type_ids unused
                 continue
             if t.shape != input_ids.shape:
                 raise InputError(f"{name} has shape {tuple(t.shape)}, but input_ids has {tuple(input_ids.shape)}")

@@ -95,6 +95,8 @@ class BertConfig:
 
     # The config.json `model_type` this class reads and writes (a family's config class sets its own).
     model_type: ClassVar[str] = "bert"
+    # Whether the family has segment (token type) embeddings; DistilBERT has none (type_vocab_size 0).
+    segments: ClassVar[bool] = True
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -123,7 +125,8 @@ class BertConfig:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            least = 0 if name == "type_vocab_size" and not self.segments else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"config key '{name}' must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(

@@ -45,14 +45,17 @@ class Embeddings(nn.Module):
         self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size,
                                      padding_idx=position_padding_idx)
-        self.segment = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        # DistilBERT has no segment embeddings (type_vocab_size 0): token_type_ids are then ignored.
+        self.segment = nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size else None
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor) -> torch.Tensor:
         """input_ids, token_type_ids, position_ids: long [B, T] -> float [B, T, H]."""
-        x = self.word(input_ids) + self.position(position_ids) + self.segment(token_type_ids)
+        x = self.word(input_ids) + self.position(position_ids)
+        if self.segment is not None:
+            x = x + self.segment(token_type_ids)
         return self.dropout(self.norm(x))
 
 

@@ -16,6 +16,9 @@ from .base import NameTable, PreTrainedModel
 from .bert import HF_NAMES as BERT_NAMES
 from .bert import BertModel
 from .config import BertConfig
+from .distilbert import HF_NAMES as DISTILBERT_NAMES
+from .distilbert import (DistilBertConfig, DistilBertForMaskedLM, DistilBertForQuestionAnswering,
+                         DistilBertForSequenceClassification, DistilBertForTokenClassification, DistilBertModel)
 from .heads import (BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
                     BertForSequenceClassification, BertForTokenClassification)
 from .roberta import HF_NAMES as ROBERTA_NAMES
@@ -118,7 +121,19 @@ XLM_ROBERTA = roberta_family("xlm-roberta", XLMRobertaConfig, "unigram", (
     XLMRobertaModel, XLMRobertaForMaskedLM, XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification,
     XLMRobertaForQuestionAnswering))
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA)}
+DISTILBERT = Family("distilbert", DistilBertConfig, DistilBertModel, DISTILBERT_NAMES, "wordpiece", (
+    HeadInfo(DistilBertModel, "base", (), "hidden", ("last_hidden_state",), None),
+    HeadInfo(DistilBertForMaskedLM, "masked-lm", ("fill-mask",), "vocabulary", ("logits",),
+             ("vocab_projector.", "masked-LM")),
+    HeadInfo(DistilBertForSequenceClassification, "sequence-classification", ("classify", "regress"),
+             "classes (id2label), or one value", ("logits",), ("classifier.", "classifier")),
+    HeadInfo(DistilBertForTokenClassification, "token-classification", ("ner",), "tags per token (id2label)",
+             ("logits",), ("classifier.", "classifier")),
+    HeadInfo(DistilBertForQuestionAnswering, "question-answering", ("qa",), "answer start and end positions",
+             ("start_logits", "end_logits"), ("qa_outputs.", "question answering (start/end)")),
+))
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}

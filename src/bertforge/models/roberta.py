@@ -79,40 +79,34 @@ class RobertaClassificationHead(nn.Module):
         return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(first)))))
 
 
-class RobertaForMaskedLM(BertForMaskedLM):
+class RobertaHead:
+    """What every RoBERTa head says of its family: its model_type, and its backbone and that backbone's name."""
+
+    model_type, base_model_prefix, backbone_class = "roberta", "roberta", RobertaModel
+
+
+class RobertaForMaskedLM(RobertaHead, BertForMaskedLM):
     """The masked-LM head of RoBERTa (its pretraining model): exact GELU whatever `hidden_act` says."""
 
-    model_type = "roberta"
     hf_architecture = "RobertaForMaskedLM"
-    base_model_prefix = "roberta"
-    backbone_class = RobertaModel
     mlm_activation = "gelu"
 
 
-class RobertaForSequenceClassification(BertForSequenceClassification):
+class RobertaForSequenceClassification(RobertaHead, BertForSequenceClassification):
     """RoBERTa's classifier (or regressor): its own head on the `<s>` state, no pooler."""
 
-    model_type = "roberta"
     hf_architecture = "RobertaForSequenceClassification"
-    base_model_prefix = "roberta"
-    backbone_class = RobertaModel
 
     def __init__(self, config: RobertaConfig) -> None:
         super().__init__(config, head=RobertaClassificationHead(config))
 
 
-class RobertaForTokenClassification(BertForTokenClassification):
-    model_type = "roberta"
+class RobertaForTokenClassification(RobertaHead, BertForTokenClassification):
     hf_architecture = "RobertaForTokenClassification"
-    base_model_prefix = "roberta"
-    backbone_class = RobertaModel
 
 
-class RobertaForQuestionAnswering(BertForQuestionAnswering):
-    model_type = "roberta"
+class RobertaForQuestionAnswering(RobertaHead, BertForQuestionAnswering):
     hf_architecture = "RobertaForQuestionAnswering"
-    base_model_prefix = "roberta"
-    backbone_class = RobertaModel
 
 
 # XLM-RoBERTa: the same classes under its own names.
@@ -120,20 +114,26 @@ class XLMRobertaModel(RobertaModel):
     model_type, hf_architecture = "xlm-roberta", "XLMRobertaModel"
 
 
-class XLMRobertaForMaskedLM(RobertaForMaskedLM):
-    model_type, hf_architecture, backbone_class = "xlm-roberta", "XLMRobertaForMaskedLM", XLMRobertaModel
+class XLMRobertaHead:
+    """XLM-R's heads: RoBERTa's, under XLM-R's model_type and backbone."""
+
+    model_type, backbone_class = "xlm-roberta", XLMRobertaModel
 
 
-class XLMRobertaForSequenceClassification(RobertaForSequenceClassification):
-    model_type, hf_architecture, backbone_class = "xlm-roberta", "XLMRobertaForSequenceClassification", XLMRobertaModel
+class XLMRobertaForMaskedLM(XLMRobertaHead, RobertaForMaskedLM):
+    hf_architecture = "XLMRobertaForMaskedLM"
 
 
-class XLMRobertaForTokenClassification(RobertaForTokenClassification):
-    model_type, hf_architecture, backbone_class = "xlm-roberta", "XLMRobertaForTokenClassification", XLMRobertaModel
+class XLMRobertaForSequenceClassification(XLMRobertaHead, RobertaForSequenceClassification):
+    hf_architecture = "XLMRobertaForSequenceClassification"
 
 
-class XLMRobertaForQuestionAnswering(RobertaForQuestionAnswering):
-    model_type, hf_architecture, backbone_class = "xlm-roberta", "XLMRobertaForQuestionAnswering", XLMRobertaModel
+class XLMRobertaForTokenClassification(XLMRobertaHead, RobertaForTokenClassification):
+    hf_architecture = "XLMRobertaForTokenClassification"
+
+
+class XLMRobertaForQuestionAnswering(XLMRobertaHead, RobertaForQuestionAnswering):
+    hf_architecture = "XLMRobertaForQuestionAnswering"
 
 
 # bertforge module name -> transformers module name: BERT's backbone names under `roberta.`, and RoBERTa's heads.

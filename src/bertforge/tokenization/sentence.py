@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,7 +22,7 @@ from tokenizers import Tokenizer as Backend
 from ..errors import TokenizerError
 from ..jsonfile import read_json_object
 from .settings import SENTENCE_SPECIALS, read_sentence_settings
-from .tokenizer import Tokenizer
+from .tokenizer import SPECIAL_ROLES, Tokenizer, _read_lines
 
 log = logging.getLogger("bertforge")
 
@@ -31,10 +31,14 @@ _CLEAN_UP = (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), ("
     (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")
 
 
-class SentenceTokenizer(Tokenizer):
-    """What the BPE and Unigram tokenizers share: settings, added tokens, saving and decoding."""
+# A new vocabulary's first ids, as fairseq (and so RoBERTa and XLM-R) number them.
+TRAINED_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
-    model_input_names = ("input_ids", "attention_mask")
+
+class SentenceTokenizer(Tokenizer):
+    """What the BPE and Unigram tokenizers share: settings, added tokens, training, saving and decoding."""
+
+    model_input_names = ("input_ids", "attention_mask")  # type: ignore[assignment]  (no segments in this family)
     kind: ClassVar[str]
     classes: ClassVar[set[str]]  # tokenizer_class names in tokenizer_config.json that are this pipeline
     default_prefix_space: ClassVar[bool]
@@ -93,6 +97,21 @@ class SentenceTokenizer(Tokenizer):
         present = [t for t in dict.fromkeys(specials.values()) if t not in declared and backend.token_to_id(t) is not None]
         backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in present])
         return cls(backend, settings)
+
+    @classmethod
+    def _trained(cls, backend: Backend, trainer: Any, files: Iterable[str | Path] | None,
+                 texts: Iterable[str] | None) -> "SentenceTokenizer":
+        """Train `backend` on the files (UTF-8, .gz allowed) and texts, then assemble it with transformers' defaults."""
+        def stream() -> Iterator[str]:
+            for file in files or []:
+                yield from _read_lines(Path(file))
+            if texts is not None:
+                yield from texts
+
+        backend.train_from_iterator(stream(), trainer)
+        settings = {"specials": {r: SENTENCE_SPECIALS[r] for r in SPECIAL_ROLES}, "model_max_length": 512,
+                    "add_prefix_space": cls.default_prefix_space, "trim_offsets": True, "clean_up_spaces": False}
+        return cls._assemble(backend, settings, [], None, Path("<trained>"))
 
     # ----------------------------------------------------------------- saving
     def save(self, path: str | Path) -> None:
@@ -219,19 +238,14 @@ class ByteLevelBPETokenizer(SentenceTokenizer):
 
     @classmethod
     def train(cls, files: Iterable[str | Path] | None = None, vocab_size: int = 50265, min_frequency: int = 2,
-              texts: Iterable[str] | None = None, show_progress: bool = False, **_: Any) -> "ByteLevelBPETokenizer":
-        """Train a byte-level BPE vocabulary (specials first: `<s>`=0 `<pad>`=1 `</s>`=2 `<unk>`=3 `<mask>`=4)."""
-        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+              texts: Iterable[str] | None = None, show_progress: bool = False) -> "ByteLevelBPETokenizer":
+        """Train a byte-level BPE vocabulary (`<s>`=0 `<pad>`=1 `</s>`=2 `<unk>`=3 `<mask>`=4, as RoBERTa's)."""
         backend = cls._bpe({}, [])
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=TRAINED_SPECIALS,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=show_progress)
-        _train(backend, trainer, files, texts)
-        settings = {"specials": {r: SENTENCE_SPECIALS[r] for r in SENTENCE_SPECIALS if r not in ("bos_token", "eos_token")},
-                    "model_max_length": 512, "add_prefix_space": False, "trim_offsets": True,
-                    "clean_up_spaces": False}
-        return cls._assemble(backend, settings, [], None, Path("<trained>"))
+        return cls._trained(backend, trainer, files, texts)
 
 
 class UnigramTokenizer(SentenceTokenizer):
@@ -254,6 +268,15 @@ class UnigramTokenizer(SentenceTokenizer):
     def _backend_from_files(cls, path: Path) -> Backend:
         raise TokenizerError(f"{path}: no tokenizer.json; bertforge reads a SentencePiece Unigram tokenizer from "
                              "its tokenizer.json (transformers writes one on save_pretrained)")
+
+    @classmethod
+    def train(cls, *args: Any, **kwargs: Any) -> "UnigramTokenizer":
+        """Refused: the `tokenizers` library's Unigram trainer gives a different vocabulary on each run of the
+        same text (its seed pieces come out of a hash map in random order), and bertforge's runs are
+        reproducible bit for bit. Train with sentencepiece and save with transformers' XLMRobertaTokenizer."""
+        raise TokenizerError("training a Unigram vocabulary is not built: the tokenizers library's Unigram trainer "
+                             "is not reproducible run to run; train one with sentencepiece and save it with "
+                             "transformers' XLMRobertaTokenizer, which bertforge reads")
 
     @staticmethod
     def _unigram(vocab: list[tuple[str, float]]) -> Backend:
@@ -290,10 +313,3 @@ def _precompiled_charsmap(spec: dict | None) -> str | None:
         if found is not None:
             return found
     return None
-
-
-def _train(backend: Backend, trainer: Any, files: Iterable[str | Path] | None, texts: Iterable[str] | None) -> None:
-    if files:
-        backend.train([str(f) for f in files], trainer)
-    if texts is not None:
-        backend.train_from_iterator(texts, trainer)

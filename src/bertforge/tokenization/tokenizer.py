@@ -128,6 +128,7 @@ def read_settings(path: Path) -> dict[str, Any]:
             raise TokenizerError(f"{config_file}: key '{key}' must be a list of tokens, got {value!r}")
         extra += [_token_text(v, key, config_file) for v in value]
     settings["extra_specials"] = extra
+    settings["tokenizer_class"] = config.get("tokenizer_class", "BertTokenizer")
     known = {"do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length", "max_len", "never_split",
              "do_basic_tokenize", "tokenizer_class", "padding_side", "truncation_side", "split_special_tokens",
              "pad_token_type_id", *SPECIAL_ROLES, *_NO_EFFECT_KEYS}
@@ -218,8 +219,16 @@ class Encoding(dict):
 class Tokenizer:
     """WordPiece tokenizer with BERT's conventions and transformers' call signature."""
 
-    # What `__call__` returns by default, as transformers' tokenizer of the family names it.
-    model_input_names: tuple[str, ...] = ("input_ids", "token_type_ids", "attention_mask")
+    # The transformers class this tokenizer is (tokenizer_config.json's `tokenizer_class`), written back on saving.
+    tokenizer_class = "BertTokenizer"
+
+    @property
+    def model_input_names(self) -> tuple[str, ...]:
+        """What `__call__` returns by default, as transformers' tokenizer class names it: DistilBERT's
+        tokenizer, the same WordPiece as BERT's, sends no token_type_ids."""
+        if self.tokenizer_class.startswith("DistilBert"):
+            return ("input_ids", "attention_mask")
+        return ("input_ids", "token_type_ids", "attention_mask")
 
     def __init__(self, backend: Backend, lowercase: bool = True, strip_accents: bool | None = None,
                  model_max_length: int = 512, chinese_chars: bool = True,
@@ -254,8 +263,10 @@ class Tokenizer:
             _finish_backend(backend, settings["specials"], settings["extra_specials"])
         except TokenizerError as exc:
             raise TokenizerError(f"{source}: {exc}") from None
-        return cls(backend, settings["lowercase"], settings["strip_accents"], settings["model_max_length"],
-                   settings["chinese_chars"], settings["specials"], settings["extra_specials"])
+        tokenizer = cls(backend, settings["lowercase"], settings["strip_accents"], settings["model_max_length"],
+                        settings["chinese_chars"], settings["specials"], settings["extra_specials"])
+        tokenizer.tokenizer_class = settings.get("tokenizer_class", "BertTokenizer")
+        return tokenizer
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "Tokenizer":
@@ -358,7 +369,7 @@ class Tokenizer:
         specials = dict(self.specials)
         if self.extra_specials:
             specials["additional_special_tokens"] = self.extra_specials
-        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
+        config = {"tokenizer_class": self.tokenizer_class, "do_lower_case": self.lowercase,
                   "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.chinese_chars,
                   "model_max_length": self.model_max_length, **specials}
         (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
@@ -371,8 +382,10 @@ class Tokenizer:
             return self
         backend = Backend.from_str(self.backend.to_str())
         backend.normalizer = normalizers.Sequence([normalizers.Lowercase(), backend.normalizer])
-        return Tokenizer(backend, self.lowercase, self.strip_accents, self.model_max_length, self.chinese_chars,
+        copy = Tokenizer(backend, self.lowercase, self.strip_accents, self.model_max_length, self.chinese_chars,
                          self.specials, self.extra_specials)
+        copy.tokenizer_class = self.tokenizer_class
+        return copy
 
     def for_words(self) -> "Tokenizer":
         """The tokenizer to encode pre-split words with (`is_split_into_words`): this one, for WordPiece."""
