@@ -90,11 +90,19 @@ def main() -> None:
                     times[model_type][name].append(timed(model, work))
     for model_type, per in times.items():
         speed = {name: len(sst) / statistics.median(t) for name, t in per.items()}
+        # One ratio per pass: the two runners of a pass ran back to back, so each ratio sees one machine state.
+        ratios = [t / f for f, t in zip(per["bertforge_fused"], per["transformers"])]
+        tokens = sum(int(batch["attention_mask"].sum()) for batch in runners[model_type][0])
         result["architectures"][model_type] = {
             "sentences_per_s": {k: round(v, 1) for k, v in speed.items()},
-            "fused_over_transformers": round(speed["bertforge_fused"] / speed["transformers"], 3)}
-        print(f"{model_type:12s} fused {speed['bertforge_fused']:7.1f}/s  transformers {speed['transformers']:7.1f}/s  "
-              f"ratio {speed['bertforge_fused'] / speed['transformers']:.2f}x")
+            "tokens_per_sentence": round(tokens / len(sst), 1),
+            "fused_over_transformers": round(speed["bertforge_fused"] / speed["transformers"], 3),
+            "per_pass_ratio_mean": round(statistics.mean(ratios), 3),
+            "per_pass_ratio_std": round(statistics.stdev(ratios), 3) if len(ratios) > 1 else None}
+        spread = f" (per pass {statistics.mean(ratios):.3f} ± {statistics.stdev(ratios):.3f})" if len(ratios) > 1 else ""
+        print(f"{model_type:12s} {tokens / len(sst):5.1f} tokens/sentence  fused {speed['bertforge_fused']:7.1f}/s  "
+              f"transformers {speed['transformers']:7.1f}/s  ratio {speed['bertforge_fused'] / speed['transformers']:.2f}x"
+              f"{spread}")
     (ROOT / "benchmarks" / "results" / "family_speed.json").write_text(json.dumps(result, indent=2) + "\n",
                                                                         encoding="utf-8")
 
