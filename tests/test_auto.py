@@ -103,3 +103,17 @@ def test_unknown_model_type_is_refused_by_name(tmp_path, model_type):
     assert cli.returncode == 2
     lines = cli.stderr.strip().splitlines()
     assert len(lines) == 1 and "supported: bert" in lines[0] and "Traceback" not in cli.stderr
+
+
+def test_every_registered_class_is_public_and_loads(tmp_path):
+    """`from bertforge import RobertaForMaskedLM` works as `from transformers import ...` does, from_pretrained too."""
+    from bertforge.models.registry import FAMILIES as ROWS
+
+    for family in ROWS.values():
+        assert getattr(bertforge, family.config.__name__) is family.config
+        for info in family.heads:
+            assert getattr(bertforge, info.cls.__name__) is info.cls
+    config = transformers.RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=20, max_position_embeddings=20)
+    transformers.RobertaForMaskedLM(config).save_pretrained(tmp_path)
+    assert type(bertforge.RobertaForMaskedLM.from_pretrained(tmp_path)).__name__ == "RobertaForMaskedLM"

@@ -21,6 +21,14 @@ _EXPORTS = {
     "BertForSequenceClassification": "models.heads", "BertForTokenClassification": "models.heads",
     "BertForQuestionAnswering": "models.heads",
     "Tokenizer": "tokenization.tokenizer",
+    **{name: "models.roberta" for name in (
+        "RobertaConfig", "RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
+        "RobertaForTokenClassification", "RobertaForQuestionAnswering", "XLMRobertaConfig", "XLMRobertaModel",
+        "XLMRobertaForMaskedLM", "XLMRobertaForSequenceClassification", "XLMRobertaForTokenClassification",
+        "XLMRobertaForQuestionAnswering")},
+    **{name: "models.distilbert" for name in (
+        "DistilBertConfig", "DistilBertModel", "DistilBertForMaskedLM", "DistilBertForSequenceClassification",
+        "DistilBertForTokenClassification", "DistilBertForQuestionAnswering")},
     "AutoConfig": "interop.auto", "AutoModel": "interop.auto", "AutoModelForPreTraining": "interop.auto",
     "AutoModelForMaskedLM": "interop.auto", "AutoModelForNextSentencePrediction": "interop.auto",
     "AutoModelForSequenceClassification": "interop.auto", "AutoModelForTokenClassification": "interop.auto",

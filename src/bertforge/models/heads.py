@@ -1,12 +1,12 @@
-"""Task heads composed on the shared `BertModel` backbone.
+"""Task heads composed on a backbone of the family (BERT's, or any that shares its layers).
 
-Each head class holds its family's backbone under the attribute name that family's checkpoints
-use (`bert`, `roberta`: `base_model_prefix`), reachable as `self.backbone`; a family whose
-checkpoint layout is BERT's reuses these classes by setting four class attributes
-(`registry.py` says which head serves which task) plus a few small layers, and returns logits and, given labels,
-a loss. The masked-LM head follows google-research/bert: it gathers the hidden
-states of the predicted positions first and runs the vocabulary projection on
-those alone, so training never builds a [B, T, vocab] tensor.
+Each head class holds its backbone plus a few small layers, and returns logits and, given labels,
+a loss. The backbone sits under the attribute name its family's checkpoints use (`bert`,
+`roberta`, `distilbert`: `base_model_prefix`) and is reachable as `self.backbone`, so a family
+whose head layout is BERT's reuses these classes by setting a few class attributes
+(`registry.py` says which head serves which task). The masked-LM head follows
+google-research/bert: it gathers the hidden states of the predicted positions first and runs the
+vocabulary projection on those alone, so training never builds a [B, T, vocab] tensor.
 """
 
 from __future__ import annotations
