@@ -211,3 +211,15 @@ def test_jax_backend_refuses_the_family_by_name(roberta_dirs):
     for task in ("classify", "embed"):
         with pytest.raises(InputError, match="--backend jax has no Roberta"):
             list(run_predict(task, str(roberta_dirs["classifier"]), TEXTS, backend="jax"))
+
+
+def test_inspect_counts_distilbert_parts(distilbert_classifier):
+    from bertforge.interop.inspect import inspect_checkpoint
+
+    report = inspect_checkpoint(distilbert_classifier)
+    model = bertforge.AutoModelForSequenceClassification.from_pretrained(distilbert_classifier)
+    counts = report["parameters"]
+    assert counts["encoder"] == sum(p.numel() for p in model.distilbert.layers.parameters())
+    assert counts["heads"] == sum(p.numel() for n, p in model.named_parameters() if "classifier" in n)
+    assert counts["pooler"] == 0 and counts["total"] == model.num_parameters()
+    assert report["heads"] == ["classifier"] and report["missing_keys"] == [] == report["unexpected_keys"]

@@ -138,7 +138,7 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     wants_prefix = has_backbone_prefix(model)
     ckpt_has_prefix = any(k.startswith(prefix) for k in state)
     if wants_prefix and not ckpt_has_prefix:  # a backbone-only checkpoint into a head model
-        state = {(prefix + k if not _is_head_key(k, table) else k): v for k, v in state.items()}
+        state = {(prefix + k if not is_head_key(k, table) else k): v for k, v in state.items()}
     report = LoadReport()
     if not wants_prefix and ckpt_has_prefix:  # a full checkpoint into the bare backbone: heads unused
         report.unexpected_keys = [k for k in state if not k.startswith(prefix)]
@@ -153,7 +153,7 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
             report.unexpected_keys.append(key)
             continue
         if tuple(tensor.shape) != tuple(ours[name].shape):
-            if new_head and _is_head_key(key, table):
+            if new_head and is_head_key(key, table):
                 report.unexpected_keys.append(key)
                 continue
             raise CheckpointError(
@@ -166,7 +166,7 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     return report
 
 
-def _is_head_key(key: str, table: NameTable) -> bool:
+def is_head_key(key: str, table: NameTable) -> bool:
     """A key of a head layer: its first part is the first part of a head entry (`cls`, `classifier`, ...)."""
     return key.split(".", 1)[0] in {theirs.split(".", 1)[0] for _, theirs in table.heads}
 

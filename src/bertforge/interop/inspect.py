@@ -12,7 +12,8 @@ from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
 from ..models.registry import HEADS
-from .hf import architecture_of, family_of, from_hf_state_dict, head_of, read_config, read_weights, weights_files
+from .hf import (architecture_of, family_of, from_hf_state_dict, head_of, is_head_key, read_config, read_weights,
+                 weights_files)
 
 # The heads a checkpoint carries, recognised by their weights' key prefixes (from the head registry).
 _HEADS = list(dict.fromkeys(info.weights for info in HEADS.values() if info.weights))
@@ -45,7 +46,10 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         for d in shape:
             n *= d
         name = key[len(prefix):] if key.startswith(prefix) else key
-        part = next((p for p in ("embeddings", "encoder", "pooler") if name.startswith(p + ".")), "heads")
+        if is_head_key(key, table):
+            part = "heads"
+        else:  # the layers are `encoder.layer.*` in BERT's layout, `transformer.layer.*` in DistilBERT's
+            part = next((p for p in ("embeddings", "pooler") if name.startswith(p + ".")), "encoder")
         counts[part] += n
     heads = [label for prefix, label in _HEADS if any(k.startswith(prefix) for k in shapes)]
     # Check the weights against the config without allocating them: build the model on the
