@@ -223,3 +223,49 @@ def test_inspect_counts_distilbert_parts(distilbert_classifier):
     assert counts["heads"] == sum(p.numel() for n, p in model.named_parameters() if "classifier" in n)
     assert counts["pooler"] == 0 and counts["total"] == model.num_parameters()
     assert report["heads"] == ["classifier"] and report["missing_keys"] == [] == report["unexpected_keys"]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_squad_spans_round_trip_through_the_family_tokenizers(kind, unigram_dirs):
+    """gold answer -> token span -> text, over SQuAD v1.1 dev, with byte-level BPE and Unigram offsets, as
+    `finetune qa` and the qa pipeline use them."""
+    from conftest import shared
+
+    from bertforge.data.qa import qa_features, read_squad
+
+    examples, _ = read_squad(shared("squad", "dev-v1.1.json"))
+    examples = examples[:1500]
+    tok = (ByteLevelBPETokenizer.train(texts=corpus(), vocab_size=2000) if kind == "bpe"
+           else bertforge.AutoTokenizer.from_pretrained(unigram_dirs / "hf"))
+    features = qa_features(examples, tok, 256, 64, training=True)
+    inside = recovered = 0
+    for f in features:
+        if f["start_positions"] == 0:
+            continue
+        inside += 1
+        example = examples[f["example"]]
+        text = example.context[f["offsets"][f["start_positions"]][0]:f["offsets"][f["end_positions"]][1]]
+        recovered += text == example.answers[0]["text"]
+    assert inside > 1300 and recovered / inside >= 0.99, (inside, recovered / inside)
+
+
+def test_sentence_transformers_directory_around_xlmr(unigram_dirs, tmp_path):
+    """A multilingual embedder's layout (XLM-R + CLS pooling + Normalize, saved by sentence-transformers):
+    bertforge's embeddings are sentence-transformers' own."""
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers import models as st_models
+
+    tok_dir = unigram_dirs / "hf"
+    vocab = json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    config = transformers.XLMRobertaConfig(vocab_size=len(vocab), **SIZES)
+    torch.manual_seed(2)
+    perturbed(transformers.XLMRobertaModel(config)).save_pretrained(tmp_path / "hf")
+    for f in tok_dir.iterdir():
+        (tmp_path / "hf" / f.name).write_bytes(f.read_bytes())
+    word = st_models.Transformer(str(tmp_path / "hf"), max_seq_length=48)
+    model = st.SentenceTransformer(modules=[word, st_models.Pooling(word.get_word_embedding_dimension(), "cls"),
+                                            st_models.Normalize()], device="cpu")
+    model.save(str(tmp_path / "st"))
+    ours = torch.tensor([row["embedding"] for row in run_predict("embed", str(tmp_path / "st"), TEXTS, backend="torch")])
+    theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=0)
