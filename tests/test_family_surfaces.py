@@ -230,6 +230,7 @@ def test_squad_spans_round_trip_through_the_family_tokenizers(kind, unigram_dirs
     """gold answer -> token span -> text, over SQuAD v1.1 dev, with byte-level BPE and Unigram offsets, as
     `finetune qa` and the qa pipeline use them."""
     from conftest import shared
+    from test_qa import span_recovery
 
     from bertforge.data.qa import qa_features, read_squad
 
@@ -237,15 +238,7 @@ def test_squad_spans_round_trip_through_the_family_tokenizers(kind, unigram_dirs
     examples = examples[:1500]
     tok = (ByteLevelBPETokenizer.train(texts=corpus(), vocab_size=2000) if kind == "bpe"
            else bertforge.AutoTokenizer.from_pretrained(unigram_dirs / "hf"))
-    features = qa_features(examples, tok, 256, 64, training=True)
-    inside = recovered = 0
-    for f in features:
-        if f["start_positions"] == 0:
-            continue
-        inside += 1
-        example = examples[f["example"]]
-        text = example.context[f["offsets"][f["start_positions"]][0]:f["offsets"][f["end_positions"]][1]]
-        recovered += text == example.answers[0]["text"]
+    inside, recovered, _ = span_recovery(examples, qa_features(examples, tok, 256, 64, training=True))
     assert inside > 1300 and recovered / inside >= 0.99, (inside, recovered / inside)
 
 

@@ -223,6 +223,14 @@ def _config_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
     return file, read_json_object(file, ConfigError)
 
 
+def _family_config(path: str | Path) -> tuple[Family, Any, dict[str, Any]]:
+    """The directory's registry row, its config (as that family's config class, every field honoured or
+    refused) and config.json itself, read once."""
+    file, data = _config_json(path)
+    row = family(data.get("model_type", "bert"), source=str(file))
+    return row, row.config.from_dict(data, source=str(file)), data
+
+
 def family_of(path: str | Path) -> Family:
     """The registry row of the directory's `model_type` ('bert' when config.json names none, as transformers'
     BERT files of old did); an unknown model_type is refused naming the supported ones."""
@@ -232,15 +240,13 @@ def family_of(path: str | Path) -> Family:
 
 def read_config(path: str | Path):
     """The directory's config, as its family's config class (every field honoured or refused)."""
-    file, _ = _config_json(path)
-    return family_of(path).config.from_json(file)
+    return _family_config(path)[1]
 
 
 def architecture_of(path: str | Path) -> str:
     """The `architectures[0]` a config.json names, or its family's bare encoder when it names none."""
-    read_config(path)  # refuses a missing or malformed config.json with a message naming it
-    _, data = _config_json(path)
-    archs = data.get("architectures") or [family_of(path).backbone.hf_architecture]
+    row, _, data = _family_config(path)  # refuses a missing or malformed config.json with a message naming it
+    archs = data.get("architectures") or [row.backbone.hf_architecture]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise CheckpointError(f"{path}/config.json: key 'architectures' must be a list of class names, got {archs!r}")
     return archs[0]

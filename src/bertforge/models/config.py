@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
+from ..jsonfile import read_json_object
 
 # `hidden_act` names transformers accepts, each mapped to the function bertforge computes for it.
 # Only names whose function is the same as transformers' are listed (tests/test_config_fields.py
@@ -241,13 +242,9 @@ class BertConfig:
     @classmethod
     def from_json(cls, path: str | Path) -> "BertConfig":
         path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-        return cls.from_dict(data, source=str(path))
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file")
+        return cls.from_dict(read_json_object(path, ConfigError), source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
         """The Hugging Face `config.json` fields (without `architectures`, which the model adds)."""

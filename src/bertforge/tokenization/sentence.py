@@ -43,6 +43,9 @@ class SentenceTokenizer(Tokenizer):
     classes: ClassVar[set[str]]  # tokenizer_class names in tokenizer_config.json that are this pipeline
     default_prefix_space: ClassVar[bool]
     model_type: ClassVar[str]  # the spec "type" of tokenizer.json's model
+    transformers_class: ClassVar[str]  # the tokenizer_class written on saving
+    _keeps_normalizer: ClassVar[bool] = False  # whether tokenizer.json's normaliser is part of the model
+    needs_prefix_space_for_words: ClassVar[bool] = False  # pre-split words need add_prefix_space (BPE)
 
     def __init__(self, backend: Backend, settings: dict[str, Any]) -> None:
         super().__init__(backend, lowercase=False, strip_accents=None, model_max_length=settings["model_max_length"],
@@ -73,8 +76,6 @@ class SentenceTokenizer(Tokenizer):
         else:
             backend, normalizer_spec = cls._backend_from_files(path), None
         return cls._assemble(backend, settings, added, normalizer_spec, path)
-
-    _keeps_normalizer: ClassVar[bool] = False
 
     @classmethod
     def _assemble(cls, backend: Backend, settings: dict[str, Any], added: list[dict[str, Any]],
@@ -129,8 +130,6 @@ class SentenceTokenizer(Tokenizer):
         (path / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
         self._save_vocabulary(path)
 
-    transformers_class: ClassVar[str]
-
     def _config_extra(self) -> dict[str, Any]:
         return {}
 
@@ -152,8 +151,6 @@ class SentenceTokenizer(Tokenizer):
             raise TokenizerError(f"a {self.kind} tokenizer encodes pre-split words only with add_prefix_space: "
                                  "true (use tokenizer.for_words())")
         return super().__call__(text, text_pair, **kwargs)
-
-    needs_prefix_space_for_words: ClassVar[bool] = False
 
     def for_words(self) -> "SentenceTokenizer":
         """A copy that adds the space before each pre-split word (transformers' add_prefix_space=True, which its
