@@ -76,28 +76,44 @@ def corpus() -> list[str]:
     return [line for line in lines if line.strip()] or SENTENCES * 50 + ["Héllo wörld, 東京 🙂!", "naïve café"] * 5
 
 
-@pytest.fixture(scope="session")
-def unigram_dirs(tmp_path_factory):
-    """An XLM-R SentencePiece Unigram tokenizer trained on a little text: as transformers saves it ("hf") and as
-    bertforge saves it after reading that ("ours")."""
+def trained_unigram_vocab(specials: list[str]) -> list[tuple[str, float]]:
+    """A small SentencePiece Unigram vocabulary, (piece, score) pairs with `specials` first, trained on `corpus()`."""
     import json
 
-    transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, normalizers, pre_tokenizers, trainers
 
-    from bertforge.tokenization.sentence import UnigramTokenizer
-
-    root = tmp_path_factory.mktemp("unigram")
     backend = Backend(models.Unigram())
     backend.normalizer = normalizers.NFKC()
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.train_from_iterator(corpus(), trainers.UnigramTrainer(
-        vocab_size=600, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], unk_token="<unk>"))
-    vocab = [(piece, score) for piece, score in json.loads(backend.to_str())["model"]["vocab"]]
-    transformers.XLMRobertaTokenizer(vocab=vocab).save_pretrained(root / "hf")
-    UnigramTokenizer.from_pretrained(root / "hf").save(root / "ours")
+    backend.train_from_iterator(corpus(), trainers.UnigramTrainer(vocab_size=600, special_tokens=specials,
+                                                                  unk_token="<unk>"))
+    return [(piece, score) for piece, score in json.loads(backend.to_str())["model"]["vocab"]]
+
+
+def _unigram_dirs(root: Path, hf_class: str, specials: list[str], **settings) -> Path:
+    """A Unigram tokenizer as transformers' `hf_class` saves it ("hf") and as bertforge saves it after reading that
+    ("ours")."""
+    transformers = pytest.importorskip("transformers")
+    from bertforge.tokenization.kinds import load_tokenizer
+
+    getattr(transformers, hf_class)(vocab=trained_unigram_vocab(specials), **settings).save_pretrained(root / "hf")
+    load_tokenizer(root / "hf").save(root / "ours")
     return root
+
+
+@pytest.fixture(scope="session")
+def unigram_dirs(tmp_path_factory):
+    """XLM-RoBERTa's SentencePiece Unigram tokenizer, trained on a little text (see `_unigram_dirs`)."""
+    return _unigram_dirs(tmp_path_factory.mktemp("unigram"), "XLMRobertaTokenizer",
+                         ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+
+
+@pytest.fixture(scope="session")
+def albert_dirs(tmp_path_factory):
+    """ALBERT's SentencePiece Unigram tokenizer, trained on a little text (see `_unigram_dirs`)."""
+    return _unigram_dirs(tmp_path_factory.mktemp("albert-tok"), "AlbertTokenizer",
+                         ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"])
 
 
 def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

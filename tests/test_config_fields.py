@@ -125,6 +125,16 @@ def test_docs_table_lists_every_field_with_its_decision():
         assert rows.get(key, "").startswith("refused"), key
     for key in NO_EFFECT:
         assert rows.get(key, "").startswith(("no effect", "honoured", "checked")), key
+    # Each family's own fields (and its names for BERT's) are there too, with theirs.
+    from bertforge.models.registry import FAMILIES
+
+    bert_fields = {f.name for f in dataclasses.fields(BertConfig)}
+    for family in FAMILIES.values():
+        own = {f.name for f in dataclasses.fields(family.config)} - bert_fields
+        for key in own | set(getattr(family.config, "renamed", {})):
+            assert rows.get(key, "").startswith("honoured"), (family.model_type, key)
+        for key in family.config.family_no_effect:
+            assert rows.get(key, "").startswith("no effect"), (family.model_type, key)
 
 
 # ----------------------------------------------------------------------------- tokenizer files

@@ -36,6 +36,18 @@ FAMILIES = {
         "AutoModelForSequenceClassification": "DistilBertForSequenceClassification",
         "AutoModelForTokenClassification": "DistilBertForTokenClassification",
         "AutoModelForQuestionAnswering": "DistilBertForQuestionAnswering"}),
+    "albert": ("AlbertConfig", {
+        "AutoModel": "AlbertModel", "AutoModelForMaskedLM": "AlbertForMaskedLM",
+        "AutoModelForPreTraining": "AlbertForPreTraining",
+        "AutoModelForSequenceClassification": "AlbertForSequenceClassification",
+        "AutoModelForTokenClassification": "AlbertForTokenClassification",
+        "AutoModelForQuestionAnswering": "AlbertForQuestionAnswering"}),
+    "electra": ("ElectraConfig", {
+        "AutoModel": "ElectraModel", "AutoModelForMaskedLM": "ElectraForMaskedLM",
+        "AutoModelForPreTraining": "ElectraForPreTraining",
+        "AutoModelForSequenceClassification": "ElectraForSequenceClassification",
+        "AutoModelForTokenClassification": "ElectraForTokenClassification",
+        "AutoModelForQuestionAnswering": "ElectraForQuestionAnswering"}),
 }
 # Shapes that exercise what the family adds: the position offset (max_position_embeddings = T + 2), an
 # untied decoder, a non-GELU hidden_act (the LM head stays exact GELU), RoBERTa's layer_norm_eps, a
@@ -54,6 +66,20 @@ DISTILBERT_SHAPES = {
                         activation="relu", tie_word_embeddings=False, sinusoidal_pos_embds=True,
                         seq_classif_dropout=0.3, qa_dropout=0.2, pad_token_id=1),
 }
+# ALBERT: embeddings narrower than the hidden size, then equal (its projection is there either way); two groups
+# of two blocks shared by five layers (layer i runs group int(i / 2.5)), then one block run three times.
+ALBERT_SHAPES = {
+    "base": dict(SHAPES["base"], embedding_size=16, num_hidden_layers=5, num_hidden_groups=2, inner_group_num=2,
+                 classifier_dropout_prob=0.2),
+    "untied-relu": dict(SHAPES["untied-relu"], embedding_size=24, num_hidden_layers=3, hidden_act="gelu_new",
+                        classifier_dropout_prob=0.3),
+}
+# ELECTRA: the embeddings projection (16 -> 32), then none (24 = 24).
+ELECTRA_SHAPES = {
+    "base": dict(SHAPES["base"], embedding_size=16),
+    "untied-relu": dict(SHAPES["untied-relu"], embedding_size=24),
+}
+SHAPES_OF = {"distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES}
 T = 16  # the longest row: max_position_embeddings - 2 for the "base" shape
 
 
@@ -74,8 +100,8 @@ def batch(config, seed: int = 1):
 
 
 def comparable(out) -> dict[str, torch.Tensor]:
-    got = {name: getattr(out, name) for name in ("last_hidden_state", "pooler_output", "logits", "start_logits",
-                                                  "end_logits") if isinstance(getattr(out, name, None), torch.Tensor)}
+    got = {name: getattr(out, name, None) for name in ("last_hidden_state", "pooler_output", "logits", "start_logits",
+                                                        "end_logits", "prediction_logits", "sop_logits") if isinstance(getattr(out, name, None), torch.Tensor)}
     got["hidden_states"] = torch.stack(out.hidden_states)
     return got
 
@@ -101,7 +127,7 @@ CASES = [(family, auto, shape) for family, (_, heads) in FAMILIES.items() for au
 def test_both_ways(tmp_path, family, auto, shape):
     config_name, heads = FAMILIES[family]
     labels = 2 if auto == "AutoModelForQuestionAnswering" else 3
-    sizes = DISTILBERT_SHAPES[shape] if family == "distilbert" else SHAPES[shape]
+    sizes = SHAPES_OF.get(family, SHAPES)[shape]
     config = getattr(transformers, config_name)(**sizes, num_labels=labels)
     torch.manual_seed(0)
     hf_model = perturbed(getattr(transformers, heads[auto])(config))
@@ -189,3 +215,30 @@ def test_distilbert_tokenizer_sends_no_segments(tmp_path):
     assert dict(ours("a good film", "a bad film")) == dict(theirs("a good film", "a bad film"))
     ours.save(tmp_path / "again")
     assert json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())["tokenizer_class"] == "DistilBertTokenizer"
+
+
+def test_albert_config_round_trips_with_transformers_names(tmp_path):
+    config = transformers.AlbertConfig(vocab_size=77, embedding_size=20, hidden_size=48, num_hidden_layers=4,
+                                       num_attention_heads=6, intermediate_size=50, num_hidden_groups=2,
+                                       inner_group_num=3, classifier_dropout_prob=0.25)
+    config.save_pretrained(tmp_path)
+    ours = bertforge.AutoConfig.from_pretrained(tmp_path)
+    assert type(ours).__name__ == "AlbertConfig" and ours.classifier_dropout == 0.25
+    assert (ours.embedding_size, ours.num_hidden_groups, ours.inner_group_num, ours.hidden_act) == (20, 2, 3, "gelu_new")
+    written = ours.to_dict()
+    assert written["classifier_dropout_prob"] == 0.25 and "classifier_dropout" not in written
+    ours.save(tmp_path / "config.json")
+    again = transformers.AutoConfig.from_pretrained(tmp_path)
+    for key in ("embedding_size", "num_hidden_groups", "inner_group_num", "classifier_dropout_prob", "hidden_act"):
+        assert getattr(again, key) == getattr(config, key), key
+    with pytest.raises(bertforge.ConfigError, match="'num_hidden_groups' must be a positive integer"):
+        bertforge.AlbertConfig(num_hidden_groups=0)
+
+
+def test_electra_summary_keys_change_nothing_and_stay_quiet(tmp_path, caplog):
+    import logging
+
+    transformers.ElectraConfig(vocab_size=50, summary_type="mean", summary_use_proj=False).save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="bertforge"):
+        ours = bertforge.AutoConfig.from_pretrained(tmp_path)
+    assert "summary" not in caplog.text and ours.to_dict()["summary_type"] == "mean"

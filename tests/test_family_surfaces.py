@@ -21,6 +21,7 @@ from bertforge.inference.predict import run_predict  # noqa: E402
 from bertforge.tokenization.sentence import ByteLevelBPETokenizer  # noqa: E402
 
 from conftest import corpus, perturbed  # noqa: E402
+from family_checks import assert_embeds_as_sentence_transformers, assert_fill_mask_as_transformers, served_relevance  # noqa: E402
 
 TEXTS = ["a good film", "a bad film , truly", "Héllo wörld 東京", "not good at all"]
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
@@ -68,17 +69,7 @@ def test_backends_agree_with_torch_on_roberta(roberta_dirs, backend):
 
 
 def test_fill_mask_reads_the_mask_token_of_the_family(roberta_dirs):
-    text = "a good <mask> ."
-    rows = list(run_predict("fill-mask", str(roberta_dirs["masked"]), [text], top_k=3, backend="torch"))
-    tok = transformers.AutoTokenizer.from_pretrained(roberta_dirs["masked"])
-    model = transformers.AutoModelForMaskedLM.from_pretrained(roberta_dirs["masked"]).eval()
-    enc = tok(text, return_tensors="pt")
-    at = enc["input_ids"][0].tolist().index(tok.mask_token_id)
-    with torch.no_grad():
-        best = model(**enc).logits[0, at].softmax(-1).topk(3)
-    ours = rows[0]["predictions"][0]  # the one mask's candidates
-    assert [p["token"] for p in ours] == best.indices.tolist()
-    assert ours[0]["score"] == pytest.approx(float(best.values[0]), abs=1e-5)
+    assert_fill_mask_as_transformers(roberta_dirs["masked"], "a good <mask> .")
 
 
 def test_ner_and_qa_map_byte_level_tokens_back_to_characters(roberta_dirs):
@@ -94,18 +85,12 @@ def test_ner_and_qa_map_byte_level_tokens_back_to_characters(roberta_dirs):
 
 
 def test_embed_equals_sentence_transformers(roberta_dirs):
-    st = pytest.importorskip("sentence_transformers")
-    ours = torch.tensor([row["embedding"] for row in run_predict("embed", str(roberta_dirs["classifier"]), TEXTS,
-                                                                 backend="torch")])
-    theirs = st.SentenceTransformer(str(roberta_dirs["classifier"]), device="cpu").encode(TEXTS, convert_to_tensor=True)
-    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=0)
+    assert_embeds_as_sentence_transformers(roberta_dirs["classifier"], TEXTS)
 
 
 def test_xlmr_cross_encoder_reranks_as_sentence_transformers(unigram_dirs, tmp_path):
     """A bge-reranker-shaped model (XLM-R, one relevance logit): serve's scores are CrossEncoder's."""
     st = pytest.importorskip("sentence_transformers")
-    from bertforge.server.service import Limits, Service
-
     tok_dir = unigram_dirs / "hf"
     vocab = json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"]
     config = transformers.XLMRobertaConfig(vocab_size=len(vocab), **SIZES, num_labels=1)
@@ -114,12 +99,7 @@ def test_xlmr_cross_encoder_reranks_as_sentence_transformers(unigram_dirs, tmp_p
     for f in tok_dir.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
     pairs = [("what is a good film?", t) for t in TEXTS]
-    grad = torch.is_grad_enabled()
-    try:
-        service = Service(str(tmp_path), Limits(backend="torch"))  # a server process turns autograd off for good
-        ours = [score for score, _ in service.relevance(pairs)]
-    finally:
-        torch.set_grad_enabled(grad)
+    ours = served_relevance(tmp_path, pairs, backend="torch")
     theirs = st.CrossEncoder(str(tmp_path), device="cpu").predict(pairs)
     assert ours == pytest.approx([float(x) for x in theirs], abs=1e-5)
 

@@ -71,6 +71,33 @@ def test_unigram_agrees_with_transformers(unigram_dirs, side):
     assert agree(ours, transformers.AutoTokenizer.from_pretrained(unigram_dirs / side)) == len(ADVERSARIAL) * len(PAIRS) + 1
 
 
+@pytest.mark.parametrize("side", ["hf", "ours"])
+def test_albert_agrees_with_transformers(albert_dirs, side):
+    ours = bertforge.AutoTokenizer.from_pretrained(albert_dirs / side)
+    assert type(ours).__name__ == "AlbertTokenizer" and ours.cls_token_id == 2 and ours.unk_token_id == 1
+    theirs = transformers.AutoTokenizer.from_pretrained(albert_dirs / side)
+    assert agree(ours, theirs) == len(ADVERSARIAL) * len(PAIRS) + 1
+    # BERT's segments, when asked for: the second text and its [SEP] are typed 1.
+    a = ours("a good film", "東京 🙂", return_token_type_ids=True)
+    assert a["token_type_ids"] == theirs("a good film", "東京 🙂", return_token_type_ids=True)["token_type_ids"]
+    assert a["token_type_ids"][-1] == 1 and a["token_type_ids"][0] == 0
+
+
+@pytest.mark.parametrize("settings", [{"do_lower_case": False}, {"keep_accents": True},
+                                      {"do_lower_case": False, "keep_accents": True}])
+def test_albert_settings_are_honoured(albert_dirs, tmp_path, settings):
+    config = json.loads((albert_dirs / "hf" / "tokenizer_config.json").read_text())
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        if (albert_dirs / "hf" / name).is_file():
+            (tmp_path / name).write_bytes((albert_dirs / "hf" / name).read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | settings))
+    ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
+    assert agree(ours, transformers.AutoTokenizer.from_pretrained(tmp_path)) == len(ADVERSARIAL) * len(PAIRS) + 1
+    ours.save(tmp_path / "again")
+    saved = json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())
+    assert {k: saved[k] for k in settings} == settings and saved["tokenizer_class"] == "AlbertTokenizer"
+
+
 def test_bpe_reads_vocab_json_and_merges_alone(bpe_dirs, tmp_path):
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
         (tmp_path / name).write_bytes((bpe_dirs / "ours" / name).read_bytes())
@@ -119,16 +146,26 @@ def test_pre_split_words_need_the_prefix_space_as_in_transformers(bpe_dirs):
     assert [a.word_ids(i) for i in range(2)] == [b.word_ids(i) for i in range(2)]
 
 
-@pytest.mark.parametrize("kind, cls", [("bpe", "RobertaTokenizer")])
-def test_cli_trains_each_kind_reproducibly_and_transformers_reads_it(tmp_path, kind, cls):
+SPECIALS = {"RobertaTokenizer": ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
+            "XLMRobertaTokenizer": ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
+            "AlbertTokenizer": ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]")}
+
+
+@pytest.mark.parametrize("args, cls", [(["--kind", "bpe"], "RobertaTokenizer"), (["--kind", "unigram"], "XLMRobertaTokenizer"),
+                                       (["--arch", "albert"], "AlbertTokenizer")])
+def test_cli_trains_each_kind_reproducibly_and_transformers_reads_it(tmp_path, args, cls):
+    """Two separate processes give the same tokenizer.json, byte for byte; transformers reads it as its own class
+    and tokenizes as bertforge does."""
     import subprocess
     import sys
 
+    if cls != "RobertaTokenizer":
+        pytest.importorskip("sentencepiece")
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(corpus()[:1500]) + "\n", encoding="utf-8")
     runs = []
     for name in ("a", "b"):
-        result = subprocess.run([sys.executable, "-m", "bertforge", "tokenizer", "train", str(text), "--kind", kind,
+        result = subprocess.run([sys.executable, "-m", "bertforge", "tokenizer", "train", str(text), *args,
                                  "--vocab-size", "500", "--out", str(tmp_path / name), "--json"],
                                 capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
@@ -137,17 +174,48 @@ def test_cli_trains_each_kind_reproducibly_and_transformers_reads_it(tmp_path, k
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "a")
     assert type(theirs).__name__ == cls
     ours = bertforge.AutoTokenizer.from_pretrained(tmp_path / "a")
-    assert [ours.token_to_id(t) for t in ("<s>", "<pad>", "</s>", "<unk>", "<mask>")] == [0, 1, 2, 3, 4]
+    assert [ours.token_to_id(t) for t in SPECIALS[cls]] == [0, 1, 2, 3, 4]
+    assert 400 < ours.vocab_size <= 500
     assert agree(ours, theirs) > 0
 
 
-def test_cli_refuses_unigram_training_with_its_reason(tmp_path):
+def test_cli_refuses_settings_the_kind_does_not_have(tmp_path):
     import subprocess
     import sys
 
     text = tmp_path / "corpus.txt"
     text.write_text("a few words\n", encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "bertforge", "tokenizer", "train", str(text), "--kind", "unigram",
-                             "--out", str(tmp_path / "u")], capture_output=True, text=True)
-    assert result.returncode == 2 and "not reproducible" in result.stderr and "Traceback" not in result.stderr
-    assert not (tmp_path / "u").exists()
+    for args, words in ((["--kind", "unigram", "--min-frequency", "3"], "--min-frequency is a WordPiece and BPE setting"),
+                        (["--kind", "bpe", "--arch", "albert"], "--kind bpe: --arch albert reads a unigram vocabulary"),
+                        (["--arch", "gpt2"], "model_type 'gpt2' is not an architecture")):
+        result = subprocess.run([sys.executable, "-m", "bertforge", "tokenizer", "train", str(text), *args,
+                                 "--out", str(tmp_path / "u")], capture_output=True, text=True)
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert not (tmp_path / "u").exists()
+
+
+@pytest.mark.parametrize("name, hf_class, options", [
+    ("sentencepiece.bpe.model", "XLMRobertaTokenizer", {}),
+    ("spiece.model", "AlbertTokenizer", dict(pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+                                             control_symbols=["[CLS]", "[SEP]", "[MASK]"])),
+])
+def test_a_sentencepiece_model_file_alone_reads_as_transformers_reads_it(tmp_path, name, hf_class, options):
+    """A directory with only SentencePiece's .model (as XLM-R and ALBERT were published) gives transformers' ids."""
+    spm = pytest.importorskip("sentencepiece")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus()), model_prefix=str(tmp_path / "m"), vocab_size=500,
+                                   model_type="unigram", num_threads=1, minloglevel=2, **options)
+    (tmp_path / "m.model").rename(tmp_path / name)
+    (tmp_path / "m.vocab").unlink()
+    ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
+    theirs = getattr(transformers, hf_class).from_pretrained(tmp_path)
+    assert type(ours).__name__ == ("AlbertTokenizer" if hf_class == "AlbertTokenizer" else "UnigramTokenizer")
+    assert agree(ours, theirs) == len(ADVERSARIAL) * len(PAIRS) + 1
+    ours.save(tmp_path / "saved")  # and what bertforge writes from it, transformers reads the same way
+    assert agree(ours, transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")) > 0
+
+
+def test_a_corrupt_sentencepiece_model_is_refused_by_name(tmp_path):
+    pytest.importorskip("sentencepiece")
+    (tmp_path / "spiece.model").write_bytes(b"not a model at all")
+    with pytest.raises(TokenizerError, match="spiece.model: not a SentencePiece model"):
+        bertforge.AutoTokenizer.from_pretrained(tmp_path)

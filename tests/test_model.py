@@ -235,4 +235,5 @@ def test_head_registry_describes_every_head():
             assert getattr(out, output, None) is not None, (name, output)
     assert set(TASK_ARCHITECTURES) - {"regress"} <= set(PREDICT_TASKS)
     assert TASK_ARCHITECTURES["fill-mask"] == ("BertForMaskedLM", "BertForPreTraining", "RobertaForMaskedLM",
-                                               "XLMRobertaForMaskedLM", "DistilBertForMaskedLM")
+                                               "XLMRobertaForMaskedLM", "DistilBertForMaskedLM", "AlbertForMaskedLM",
+                                               "AlbertForPreTraining", "ElectraForMaskedLM")

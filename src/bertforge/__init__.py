@@ -29,6 +29,12 @@ _EXPORTS = {
     **{name: "models.distilbert" for name in (
         "DistilBertConfig", "DistilBertModel", "DistilBertForMaskedLM", "DistilBertForSequenceClassification",
         "DistilBertForTokenClassification", "DistilBertForQuestionAnswering")},
+    **{name: "models.albert" for name in (
+        "AlbertConfig", "AlbertModel", "AlbertForPreTraining", "AlbertForMaskedLM", "AlbertForSequenceClassification",
+        "AlbertForTokenClassification", "AlbertForQuestionAnswering")},
+    **{name: "models.electra" for name in (
+        "ElectraConfig", "ElectraModel", "ElectraForPreTraining", "ElectraForMaskedLM",
+        "ElectraForSequenceClassification", "ElectraForTokenClassification", "ElectraForQuestionAnswering")},
     "AutoConfig": "interop.auto", "AutoModel": "interop.auto", "AutoModelForPreTraining": "interop.auto",
     "AutoModelForMaskedLM": "interop.auto", "AutoModelForNextSentencePrediction": "interop.auto",
     "AutoModelForSequenceClassification": "interop.auto", "AutoModelForTokenClassification": "interop.auto",

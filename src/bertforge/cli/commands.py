@@ -57,28 +57,37 @@ def inspect(path: str, json: bool = False) -> None:
 
 
 @command(tokenizer_app, "train")
-def tokenizer_train(files: list[str], *, out: str, kind: Literal["wordpiece", "bpe", "unigram"] = "wordpiece",
-                    vocab_size: int = 30522, min_frequency: int = 2, cased: bool = False, overwrite: bool = False,
-                    json: bool = False) -> None:
-    """Train a vocabulary on text files: BERT's WordPiece or RoBERTa's byte-level BPE.
+def tokenizer_train(files: list[str], *, out: str, kind: Literal["wordpiece", "bpe", "unigram"] | None = None,
+                    arch: str | None = None, vocab_size: int = 30522, min_frequency: int | None = None,
+                    cased: bool = False, overwrite: bool = False, json: bool = False) -> None:
+    """Train a vocabulary on text files: WordPiece, byte-level BPE or SentencePiece Unigram.
 
     WordPiece writes [PAD]=0, [UNK], [CLS], [SEP], [MASK] as vocab.txt, tokenizer.json and
     tokenizer_config.json; BPE writes <s>=0, <pad>, </s>, <unk>, <mask> as tokenizer.json,
-    tokenizer_config.json, vocab.json and merges.txt, which transformers' RobertaTokenizer reads.
-    The same files give the same vocabulary, byte for byte.
+    tokenizer_config.json, vocab.json and merges.txt (RoBERTa's); Unigram, trained by SentencePiece,
+    writes tokenizer.json and tokenizer_config.json with XLM-R's specials (<s>=0, <pad>, </s>, <unk>,
+    <mask>) or, with --arch albert, ALBERT's (<pad>=0, <unk>, [CLS], [SEP], [MASK]). The same files give
+    the same vocabulary, byte for byte.
 
     Args:
         files: UTF-8 text files (.gz allowed)
         out: output directory
-        kind: wordpiece (BERT, DistilBERT) or bpe (RoBERTa); unigram (XLM-RoBERTa) is refused with its reason
-        vocab_size: vocabulary size (30522 is bert-base's, 50265 roberta-base's)
-        min_frequency: ignore pieces seen fewer times (WordPiece and BPE)
-        cased: keep case and accents (WordPiece; BPE and Unigram always keep them)
+        kind: wordpiece (BERT, DistilBERT, ELECTRA), bpe (RoBERTa) or unigram (XLM-RoBERTa); default: --arch's
+        arch: the architecture the vocabulary is for (bert, distilbert, electra, roberta, xlm-roberta, albert): its
+            kind and the transformers tokenizer class it is saved as (default bert)
+        vocab_size: vocabulary size (30522 is bert-base's, 50265 roberta-base's, 30000 albert's)
+        min_frequency: ignore pieces seen fewer times (WordPiece and BPE; default 2)
+        cased: keep case and accents (WordPiece; BPE and XLM-R's Unigram always keep them)
         overwrite: replace a vocabulary already in --out
         json: print one JSON object instead of a summary
     """
-    from ..tokenization.kinds import KINDS
+    from ..models.registry import family
+    from ..tokenization.kinds import train_tokenizer
 
+    row = family(arch or {"bpe": "roberta", "unigram": "xlm-roberta"}.get(kind or "", "bert"), source="--arch")
+    if kind is not None and kind != row.tokenizer:
+        raise BertforgeError(f"--kind {kind}: --arch {row.model_type} reads a {row.tokenizer} vocabulary")
+    kind = row.tokenizer
     target = Path(out)
     if not files:
         raise BertforgeError("tokenizer train needs at least one text file")
@@ -88,14 +97,19 @@ def tokenizer_train(files: list[str], *, out: str, kind: Literal["wordpiece", "b
         if not Path(f).is_file():
             raise BertforgeError(f"{f}: no such file")
     if kind != "wordpiece" and cased:
-        raise BertforgeError(f"--cased is a WordPiece setting; a {kind} vocabulary always keeps case and accents")
-    options = {"lowercase": not cased} if kind == "wordpiece" else {}
-    tok = KINDS[kind].train(files, vocab_size=vocab_size, min_frequency=min_frequency,
-                            show_progress=sys.stderr.isatty(), **options)
+        raise BertforgeError(f"--cased is a WordPiece setting; a {kind} vocabulary always keeps case and accents"
+                             + (" (ALBERT's lower-cases and strips accents as it reads, by do_lower_case and "
+                                "keep_accents in tokenizer_config.json)" if row.model_type == "albert" else ""))
+    if kind == "unigram" and min_frequency is not None:
+        raise BertforgeError("--min-frequency is a WordPiece and BPE setting; SentencePiece's Unigram trainer "
+                             "has no frequency cut")
+    tok = train_tokenizer(kind, row.tokenizer_class, files=files, vocab_size=vocab_size,
+                          min_frequency=2 if min_frequency is None else min_frequency, lowercase=not cased,
+                          show_progress=sys.stderr.isatty())
     tok.save(target)
     lowercase = kind == "wordpiece" and not cased
-    show({"out": str(target), "kind": kind, "vocab_size": tok.vocab_size, "lowercase": lowercase}, json,
-         "vocabulary written")
+    show({"out": str(target), "kind": kind, "arch": row.model_type, "tokenizer_class": row.tokenizer_class,
+          "vocab_size": tok.vocab_size, "lowercase": lowercase}, json, "vocabulary written")
 
 
 @command(app, "prepare")

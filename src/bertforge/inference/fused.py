@@ -176,7 +176,8 @@ def fuse_for_inference(model: torch.nn.Module, native_attention: bool = True) ->
         raise RuntimeError("this torch build has no oneDNN (mkldnn) CPU kernels; use --backend torch")
     attend = kernels.varlen_attention() if native_attention else None
     backbone = model if isinstance(model, BertModel) else model.backbone
-    for layer in backbone.layers:
+    # Every block once, however often it runs (ALBERT runs its shared blocks several times).
+    for layer in (m for m in backbone.modules() if isinstance(m, BertLayer)):
         if isinstance(layer.forward, _FusedLayer):
             layer.forward.attend = attend  # fused already: only the attention choice may change
             continue

@@ -56,7 +56,8 @@ class AutoModel(_AutoModel):
 
 
 class AutoModelForPreTraining(_AutoModel):
-    """The family's pretraining heads (BERT: masked-LM + next-sentence prediction)."""
+    """The family's pretraining heads (BERT: masked-LM + next-sentence prediction; ALBERT: masked-LM + sentence
+    order; ELECTRA: the replaced-token discriminator; RoBERTa and DistilBERT: masked-LM)."""
 
     kind = "pretraining"
 

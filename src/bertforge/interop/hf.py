@@ -33,12 +33,13 @@ from ..models.registry import ARCHITECTURES, HEADS, Family, HeadInfo, family
 log = logging.getLogger("bertforge")
 
 def _compile(table: list[tuple[str, str]], prefix: str, reverse: bool) -> list[tuple[re.Pattern, str]]:
-    """Regexes for one direction of the table; `{i}` becomes a captured layer number."""
+    """Regexes for one direction of the table; each `{i}`-style placeholder (a layer number, or ALBERT's
+    group `{g}` and block `{j}`) becomes a captured number, put back in the other name."""
     rules = []
     for ours, theirs in table:
         src, dst = (theirs, ours) if reverse else (ours, theirs)
-        pattern = re.escape(prefix + src).replace(r"\{i\}", r"(\d+)")
-        rules.append((re.compile(f"^{pattern}(\\.[a-z_]+)?$"), prefix + dst.replace("{i}", r"\1")))
+        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>\\d+)", re.escape(prefix + src))
+        rules.append((re.compile(f"^{pattern}(?P<suffix>\\.[a-z_]+)?$"), prefix + dst))
     return rules
 
 
@@ -61,11 +62,8 @@ def _rename(key: str, rules: list[tuple[re.Pattern, str]]) -> str | None:
     for pattern, template in rules:
         m = pattern.match(key)
         if m:
-            suffix = m.group(m.re.groups) or ""  # the last group is the .weight/.bias suffix
-            name = template
-            if r"\1" in template:
-                name = template.replace(r"\1", m.group(1))
-            return name + suffix
+            numbers = {k: v for k, v in m.groupdict().items() if k != "suffix"}
+            return template.format(**numbers) + (m.group("suffix") or "")
     return None
 
 
@@ -270,8 +268,10 @@ def load_for_task(task: str, path: str | Path, accepted: tuple[str, ...]):
     names one of `accepted` (head classes, the one to build first)."""
     architecture = architecture_of(path)
     if architecture not in accepted:
+        model_type = family_of(path).model_type  # name the heads of this checkpoint's own family
+        needed = [a for a in accepted if HEADS[a].cls.model_type == model_type] or list(accepted)
         raise CheckpointError(f"{path}: config.json names architecture {architecture}, which has no head for "
-                              f"{task}; it needs {' or '.join(accepted)} (fine-tune the model for {task} first)")
+                              f"{task}; it needs {' or '.join(needed)} (fine-tune the model for {task} first)")
     return load_pretrained(ARCHITECTURES[architecture], path)
 
 

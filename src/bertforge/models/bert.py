@@ -25,6 +25,7 @@ Shapes: B = batch, T = sequence length, H = hidden size, nh = heads, hd = H / nh
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -103,13 +104,27 @@ class BertModel(BertPreTrainedModel):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config, config.pad_token_id if self.pads_positions else None)
-        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # Factorised embeddings (ALBERT, ELECTRA): E-wide vectors projected up to the hidden size.
+        self.project = nn.Linear(config.embedding_width, config.hidden_size) if self.projects(config) else None
+        self.layers = self.build_layers(config)
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.unpad = True  # run padded batches on their real tokens only (same numbers, less work)
         self.init_weights()
 
     # BERT counts positions from 0 and gives padding ordinary positions; RoBERTa overrides these two.
     pads_positions = False
+
+    def projects(self, config: BertConfig) -> bool:
+        """Whether the embeddings are projected up to the hidden size: when they are narrower (ELECTRA's rule)."""
+        return config.embedding_width != config.hidden_size
+
+    def build_layers(self, config: BertConfig) -> nn.ModuleList:
+        """The transformer blocks, one per layer (ALBERT shares them across layers instead)."""
+        return nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def blocks(self) -> Iterator[nn.Module]:
+        """The blocks in the order they run, one per layer."""
+        return iter(self.layers)
 
     @property
     def position_offset(self) -> int:
@@ -189,10 +204,12 @@ class BertModel(BertPreTrainedModel):
             x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
         else:  # look up the real tokens only: x is (N, H) from here to the last layer
             x = self.embeddings(unpad(input_ids, packed), unpad(token_type_ids, packed), unpad(position_ids, packed))
+        if self.project is not None:
+            x = self.project(x)  # (..., E) -> (..., H)
         padded = (lambda t: pad(t, packed)) if packed is not None else (lambda t: t)
         all_hidden = [padded(x)] if output_hidden_states else None
         all_probs = [] if output_attentions else None
-        for layer in self.layers:
+        for layer in self.blocks():
             x, probs = layer(x, mask, output_attentions, packed)
             if all_hidden is not None:
                 all_hidden.append(padded(x))

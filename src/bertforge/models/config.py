@@ -122,13 +122,20 @@ class BertConfig:
     # Anything else found in a config.json, kept so that saving round-trips it.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels"):
+    # config.json keys of this family's transformers config that change no number bertforge computes.
+    family_no_effect: ClassVar[dict[str, str]] = {}
+
+    def check_sizes(self, *names: str) -> None:
+        """Refuse any of the named fields that is not a positive integer (type_vocab_size may be 0 without segments)."""
+        for name in names:
             value = getattr(self, name)
             least = 0 if name == "type_vocab_size" and not self.segments else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"config key '{name}' must be a positive integer, got {value!r}")
+
+    def __post_init__(self) -> None:
+        self.check_sizes("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                         "intermediate_size", "max_position_embeddings", "type_vocab_size", "num_labels")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"config key 'hidden_size' ({self.hidden_size}) must be divisible by "
@@ -176,6 +183,12 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def embedding_width(self) -> int:
+        """The width of the token, position and segment embeddings: the hidden size, unless the family
+        factorises them (ALBERT's and ELECTRA's `embedding_size`, projected up to the hidden size)."""
+        return self.hidden_size
 
     @property
     def position_offset(self) -> int:
@@ -228,7 +241,8 @@ class BertConfig:
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names and k not in _FILE_KEYS}
-        unknown = sorted(k for k in extra if k not in NO_EFFECT and k not in REFUSED_UNLESS)
+        unknown = sorted(k for k in extra if k not in NO_EFFECT and k not in REFUSED_UNLESS
+                         and k not in cls.family_no_effect)
         if unknown:
             log.warning("%s: keys %s are not BertConfig settings; they are kept when saving but change nothing, "
                         "as in transformers", source, ", ".join(unknown))
@@ -254,9 +268,9 @@ class BertConfig:
         out["label2id"] = self.label2id or {v: k for k, v in id2label.items()}
         if out["problem_type"] is None:
             del out["problem_type"]
+        out["position_embedding_type"] = "absolute"
         out.update(self.extra)
         out["model_type"] = self.model_type
-        out["position_embedding_type"] = "absolute"
         return out
 
     def save(self, path: str | Path, architectures: list[str] | None = None) -> None:
@@ -264,3 +278,49 @@ class BertConfig:
         if architectures:
             data["architectures"] = architectures
         Path(path).write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+
+
+@dataclass
+class RenamedConfig(BertConfig):
+    """A family config whose transformers class names some of BERT's settings differently (DistilBERT's `dim`,
+    ALBERT's `classifier_dropout_prob`): read and written under the family's names, computed with BERT's."""
+
+    # transformers' name in this family -> the BertConfig field bertforge computes with
+    renamed: ClassVar[dict[str, str]] = {}
+    # BERT names transformers also accepts for a renamed field (its attribute_map): BERT name -> family name
+    aliases: ClassVar[dict[str, str]] = {}
+    # BERT fields this family's config does not have: in a config.json they change nothing, here or in transformers
+    absent: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "RenamedConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a JSON object")
+        data = dict(data)
+        for bert_name, name in cls.aliases.items():
+            if bert_name in data:
+                value = data.pop(bert_name)
+                if name in data and data[name] != value:
+                    raise ConfigError(f"{source}: keys '{name}' ({data[name]!r}) and '{bert_name}' ({value!r}) "
+                                      "name the same setting and disagree")
+                data.setdefault(name, value)
+        extra = {k: data.pop(k) for k in cls.absent if k in data}
+        for bert_name in cls.renamed.values():
+            if bert_name in data:  # a BERT name this family's transformers config would not read
+                extra[bert_name] = data.pop(bert_name)
+        config = super().from_dict({cls.renamed.get(k, k): v for k, v in data.items()}, source)
+        config.extra.update(extra)
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        for name, bert_name in self.renamed.items():
+            out[name] = getattr(self, bert_name)
+            if bert_name in self.extra:  # a BERT-named key the file held, which meant nothing: written back as read
+                out[bert_name] = self.extra[bert_name]
+            else:
+                del out[bert_name]
+        for name in self.absent:
+            if name not in self.extra:
+                out.pop(name, None)
+        return out

@@ -18,8 +18,6 @@ layers. How it differs from BERT, and what a checkpoint reader must know:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,26 +25,21 @@ from torch import nn
 from ..errors import ConfigError
 from .base import NameTable
 from .bert import BertModel
-from .config import BertConfig
+from .config import RenamedConfig
 from .heads import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification, HeadModel)
 
-# transformers' DistilBertConfig name -> the BertConfig field bertforge computes with.
-RENAMED = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-           "hidden_dim": "intermediate_size", "dropout": "hidden_dropout_prob",
-           "attention_dropout": "attention_probs_dropout_prob", "activation": "hidden_act"}
-# BERT names transformers also accepts for three of them (its attribute_map).
-ALIASES = {"hidden_size": "dim", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers"}
-# BERT fields a DistilBertConfig does not have: in a config.json they change nothing, in transformers or here.
-NOT_DISTILBERT = ("type_vocab_size", "layer_norm_eps", "classifier_dropout")
-
-
 @dataclass
-class DistilBertConfig(BertConfig):
-    """transformers' DistilBertConfig, computed with BertConfig's field names (see RENAMED)."""
+class DistilBertConfig(RenamedConfig):
+    """transformers' DistilBertConfig, computed with BertConfig's field names (see `renamed`)."""
 
     model_type = "distilbert"
     segments = False
+    renamed = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+               "hidden_dim": "intermediate_size", "dropout": "hidden_dropout_prob",
+               "attention_dropout": "attention_probs_dropout_prob", "activation": "hidden_act"}
+    aliases = {"hidden_size": "dim", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers"}
+    absent = ("type_vocab_size", "layer_norm_eps", "classifier_dropout", "position_embedding_type")
     num_hidden_layers: int = 6
     type_vocab_size: int = 0
     # Its extra fields, as transformers names them.
@@ -64,36 +57,6 @@ class DistilBertConfig(BertConfig):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
                 raise ConfigError(f"config key '{name}' must be in [0, 1), got {value!r}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "DistilBertConfig":
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a JSON object")
-        data = dict(data)
-        for bert_name, name in ALIASES.items():
-            if bert_name in data:
-                value = data.pop(bert_name)
-                if name in data and data[name] != value:
-                    raise ConfigError(f"{source}: keys '{name}' ({data[name]!r}) and '{bert_name}' ({value!r}) "
-                                      "name the same setting and disagree")
-                data.setdefault(name, value)
-        extra = {k: data.pop(k) for k in NOT_DISTILBERT if k in data}
-        for bert_name in RENAMED.values():
-            if bert_name in data:  # a BERT name transformers would not read here
-                extra[bert_name] = data.pop(bert_name)
-        translated = {RENAMED.get(k, k): v for k, v in data.items()}
-        config = super().from_dict(translated, source)
-        config.extra.update(extra)
-        return config
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        for name in ("type_vocab_size", "layer_norm_eps", "classifier_dropout", "position_embedding_type"):
-            if name not in self.extra:
-                out.pop(name, None)
-        for distil_name, bert_name in RENAMED.items():
-            out[distil_name] = out.pop(bert_name)
-        return out
 
 
 def sinusoidal_table(positions: int, width: int) -> torch.Tensor:

@@ -74,17 +74,18 @@ class MaskedLMHead(nn.Module):
         """act: the transform's non-linearity; None means `config.hidden_act` (BERT's head follows the
         config, RoBERTa's is exact GELU whatever the config says)."""
         super().__init__()
+        E = config.embedding_width  # the word embeddings' width, which the decoder shares (ALBERT's, ELECTRA's < H)
         self.transform = nn.Sequential()
-        self.transform.add_module("dense", nn.Linear(config.hidden_size, config.hidden_size))
+        self.transform.add_module("dense", nn.Linear(config.hidden_size, E))
         self.transform.add_module("act", activation(act or config.hidden_act))
-        self.transform.add_module("norm", nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps))
+        self.transform.add_module("norm", nn.LayerNorm(E, eps=config.layer_norm_eps))
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         # BERT ties the decoder to the word embeddings. A checkpoint with `tie_word_embeddings: false`
-        # has its own [V, H] decoder matrix (cls.predictions.decoder.weight), kept here.
-        self.decoder = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # has its own [V, E] decoder matrix (cls.predictions.decoder.weight), kept here.
+        self.decoder = None if config.tie_word_embeddings else nn.Linear(E, config.vocab_size, bias=False)
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        """hidden: float [..., H]; word_embeddings: float [V, H] (used when tied) -> logits float [..., V]."""
+        """hidden: float [..., H]; word_embeddings: float [V, E] (used when tied) -> logits float [..., V]."""
         weight = word_embeddings if self.decoder is None else self.decoder.weight
         return F.linear(self.transform(hidden), weight, self.bias)
 
@@ -104,6 +105,23 @@ class MaskedLMHead(nn.Module):
         if targets.numel() == 0:  # nothing masked in this batch: a zero loss that still has a graph
             return logits, logits.sum() * 0.0
         return logits, F.cross_entropy(logits.float(), targets)
+
+
+class ClassificationHead(nn.Module):
+    """The sentence classifier of RoBERTa and ELECTRA checkpoints, on the first token's state (no pooler in
+    front of it): dropout -> dense -> act -> dropout -> out_proj, where act is tanh (RoBERTa) or GELU (ELECTRA)."""
+
+    def __init__(self, config: BertConfig, act: nn.Module) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = act
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """The first tokens' states, float [B, H] -> logits float [B, num_labels]."""
+        return self.out_proj(self.dropout(self.act(self.dense(self.dropout(first)))))
 
 
 class HeadModel(BertPreTrainedModel):

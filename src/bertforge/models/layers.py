@@ -34,7 +34,8 @@ def activation(name: str) -> nn.Module:
     return modules[kind]()
 
 class Embeddings(nn.Module):
-    """Token + learned absolute position + segment embeddings, then LayerNorm and dropout.
+    """Token + learned absolute position + segment embeddings, then LayerNorm and dropout, all
+    `config.embedding_width` wide (the backbone projects a narrower width up to the hidden size).
 
     position_padding_idx: the position id padding tokens get, whose row is never trained (RoBERTa's
     `pad_token_id`); None for BERT, whose padding takes ordinary positions.
@@ -42,17 +43,17 @@ class Embeddings(nn.Module):
 
     def __init__(self, config: BertConfig, position_padding_idx: int | None = None) -> None:
         super().__init__()
-        self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size,
-                                     padding_idx=position_padding_idx)
+        E = config.embedding_width  # the hidden size, or ALBERT's and ELECTRA's narrower embedding_size
+        self.word = nn.Embedding(config.vocab_size, E, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, E, padding_idx=position_padding_idx)
         # DistilBERT has no segment embeddings (type_vocab_size 0): token_type_ids are then ignored.
-        self.segment = nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size else None
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.segment = nn.Embedding(config.type_vocab_size, E) if config.type_vocab_size else None
+        self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids, token_type_ids, position_ids: long [B, T] -> float [B, T, H]."""
+        """input_ids, token_type_ids, position_ids: long [B, T] -> float [B, T, E] (E = embedding_width)."""
         x = self.word(input_ids) + self.position(position_ids)
         if self.segment is not None:
             x = x + self.segment(token_type_ids)

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .albert import HF_NAMES as ALBERT_NAMES
+from .albert import (AlbertConfig, AlbertForMaskedLM, AlbertForPreTraining, AlbertForQuestionAnswering,
+                     AlbertForSequenceClassification, AlbertForTokenClassification, AlbertModel)
 from .base import NameTable, PreTrainedModel
 from .bert import HF_NAMES as BERT_NAMES
 from .bert import BertModel
@@ -19,6 +22,9 @@ from .config import BertConfig
 from .distilbert import HF_NAMES as DISTILBERT_NAMES
 from .distilbert import (DistilBertConfig, DistilBertForMaskedLM, DistilBertForQuestionAnswering,
                          DistilBertForSequenceClassification, DistilBertForTokenClassification, DistilBertModel)
+from .electra import HF_NAMES as ELECTRA_NAMES
+from .electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, ElectraForQuestionAnswering,
+                      ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel)
 from .heads import (BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
                     BertForSequenceClassification, BertForTokenClassification)
 from .roberta import HF_NAMES as ROBERTA_NAMES
@@ -59,7 +65,8 @@ class Family:
 
     config: its config class (transformers' field names); backbone: its bare encoder class;
     names: its checkpoint name table; tokenizer: the tokenizer kind its checkpoints ship
-    (wordpiece, bpe or unigram); heads: its head classes, the backbone first.
+    (wordpiece, bpe or unigram); heads: its head classes, the backbone first; tokenizer_class: the
+    transformers class a new vocabulary of the family is saved as.
     """
 
     model_type: str
@@ -68,6 +75,8 @@ class Family:
     names: NameTable
     tokenizer: str
     heads: tuple[HeadInfo, ...]
+    # The transformers tokenizer class a new vocabulary of this family is saved as (its pipeline, for Unigram).
+    tokenizer_class: str = "BertTokenizer"
 
     def head(self, kind: str) -> type[PreTrainedModel]:
         """The class of this family that an Auto class of `kind` builds; refused when it has none.
@@ -81,59 +90,80 @@ class Family:
         raise ConfigError(f"model_type '{self.model_type}' has no {kind} head in bertforge; it has: {kinds}")
 
 
+def base(cls: type[PreTrainedModel], pooler: bool = True) -> HeadInfo:
+    outputs = ("last_hidden_state", "pooler_output") if pooler else ("last_hidden_state",)
+    return HeadInfo(cls, "base", (), "hidden", outputs, None)
+
+
+def masked_lm(cls: type[PreTrainedModel], prefix: str, kind: str = "masked-lm") -> HeadInfo:
+    return HeadInfo(cls, kind, ("fill-mask",), "vocabulary", ("logits",), (prefix, "masked-LM"))
+
+
+def sequence_classifier(cls: type[PreTrainedModel]) -> HeadInfo:
+    return HeadInfo(cls, "sequence-classification", ("classify", "regress"), "classes (id2label), or one value",
+                    ("logits",), ("classifier.", "classifier"))
+
+
+def token_classifier(cls: type[PreTrainedModel]) -> HeadInfo:
+    return HeadInfo(cls, "token-classification", ("ner",), "tags per token (id2label)", ("logits",),
+                    ("classifier.", "classifier"))
+
+
+def span_extractor(cls: type[PreTrainedModel]) -> HeadInfo:
+    return HeadInfo(cls, "question-answering", ("qa",), "answer start and end positions",
+                    ("start_logits", "end_logits"), ("qa_outputs.", "question answering (start/end)"))
+
+
 BERT = Family("bert", BertConfig, BertModel, BERT_NAMES, "wordpiece", (
-    HeadInfo(BertModel, "base", (), "hidden", ("last_hidden_state", "pooler_output"), None),
-    HeadInfo(BertForMaskedLM, "masked-lm", ("fill-mask",), "vocabulary", ("logits",), ("cls.predictions.", "masked-LM")),
-    HeadInfo(BertForPreTraining, "pretraining", ("fill-mask",), "vocabulary", ("logits",),
-             ("cls.predictions.", "masked-LM")),
+    base(BertModel), masked_lm(BertForMaskedLM, "cls.predictions."),
+    masked_lm(BertForPreTraining, "cls.predictions.", kind="pretraining"),
     HeadInfo(BertForNextSentencePrediction, "next-sentence", (), "is-next / not-next", ("logits",),
              ("cls.seq_relationship.", "next-sentence prediction")),
-    HeadInfo(BertForSequenceClassification, "sequence-classification", ("classify", "regress"),
-             "classes (id2label), or one value", ("logits",), ("classifier.", "classifier")),
-    HeadInfo(BertForTokenClassification, "token-classification", ("ner",), "tags per token (id2label)", ("logits",),
-             ("classifier.", "classifier")),
-    HeadInfo(BertForQuestionAnswering, "question-answering", ("qa",), "answer start and end positions",
-             ("start_logits", "end_logits"), ("qa_outputs.", "question answering (start/end)")),
+    sequence_classifier(BertForSequenceClassification), token_classifier(BertForTokenClassification),
+    span_extractor(BertForQuestionAnswering),
 ))
 
 
-
-def roberta_family(model_type: str, config: type, tokenizer: str, classes: tuple[type, ...]) -> Family:
-    """RoBERTa and XLM-RoBERTa: one layout, two sets of names (base, masked-LM, classifier, tagger, QA)."""
-    base, mlm, seq, tok, qa = classes
-    return Family(model_type, config, base, ROBERTA_NAMES, tokenizer, (
-        HeadInfo(base, "base", (), "hidden", ("last_hidden_state", "pooler_output"), None),
-        # RoBERTa pretrains with masked-LM alone, so its masked-LM model is also its pretraining model.
-        HeadInfo(mlm, "masked-lm", ("fill-mask",), "vocabulary", ("logits",), ("lm_head.", "masked-LM")),
-        HeadInfo(seq, "sequence-classification", ("classify", "regress"), "classes (id2label), or one value",
-                 ("logits",), ("classifier.", "classifier")),
-        HeadInfo(tok, "token-classification", ("ner",), "tags per token (id2label)", ("logits",),
-                 ("classifier.", "classifier")),
-        HeadInfo(qa, "question-answering", ("qa",), "answer start and end positions", ("start_logits", "end_logits"),
-                 ("qa_outputs.", "question answering (start/end)")),
-    ))
+def roberta_family(model_type: str, config: type, tokenizer: tuple[str, str], classes: tuple[type, ...]) -> Family:
+    """RoBERTa and XLM-RoBERTa: one layout, two sets of names (base, masked-LM, classifier, tagger, QA).
+    RoBERTa pretrains with masked-LM alone, so its masked-LM model is also its pretraining model."""
+    backbone, mlm, seq, tok, qa = classes
+    return Family(model_type, config, backbone, ROBERTA_NAMES, tokenizer[0], (
+        base(backbone), masked_lm(mlm, "lm_head."), sequence_classifier(seq), token_classifier(tok),
+        span_extractor(qa)), tokenizer_class=tokenizer[1])
 
 
-ROBERTA = roberta_family("roberta", RobertaConfig, "bpe", (
+ROBERTA = roberta_family("roberta", RobertaConfig, ("bpe", "RobertaTokenizer"), (
     RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification, RobertaForTokenClassification,
     RobertaForQuestionAnswering))
-XLM_ROBERTA = roberta_family("xlm-roberta", XLMRobertaConfig, "unigram", (
+XLM_ROBERTA = roberta_family("xlm-roberta", XLMRobertaConfig, ("unigram", "XLMRobertaTokenizer"), (
     XLMRobertaModel, XLMRobertaForMaskedLM, XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification,
     XLMRobertaForQuestionAnswering))
 
 DISTILBERT = Family("distilbert", DistilBertConfig, DistilBertModel, DISTILBERT_NAMES, "wordpiece", (
-    HeadInfo(DistilBertModel, "base", (), "hidden", ("last_hidden_state",), None),
-    HeadInfo(DistilBertForMaskedLM, "masked-lm", ("fill-mask",), "vocabulary", ("logits",),
-             ("vocab_projector.", "masked-LM")),
-    HeadInfo(DistilBertForSequenceClassification, "sequence-classification", ("classify", "regress"),
-             "classes (id2label), or one value", ("logits",), ("classifier.", "classifier")),
-    HeadInfo(DistilBertForTokenClassification, "token-classification", ("ner",), "tags per token (id2label)",
-             ("logits",), ("classifier.", "classifier")),
-    HeadInfo(DistilBertForQuestionAnswering, "question-answering", ("qa",), "answer start and end positions",
-             ("start_logits", "end_logits"), ("qa_outputs.", "question answering (start/end)")),
-))
+    base(DistilBertModel, pooler=False), masked_lm(DistilBertForMaskedLM, "vocab_projector."),
+    sequence_classifier(DistilBertForSequenceClassification), token_classifier(DistilBertForTokenClassification),
+    span_extractor(DistilBertForQuestionAnswering),
+), tokenizer_class="DistilBertTokenizer")
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT)}
+ALBERT = Family("albert", AlbertConfig, AlbertModel, ALBERT_NAMES, "unigram", (
+    base(AlbertModel), masked_lm(AlbertForMaskedLM, "predictions."),
+    HeadInfo(AlbertForPreTraining, "pretraining", ("fill-mask",), "vocabulary", ("logits",),
+             ("sop_classifier.", "sentence-order prediction")),
+    sequence_classifier(AlbertForSequenceClassification), token_classifier(AlbertForTokenClassification),
+    span_extractor(AlbertForQuestionAnswering),
+), tokenizer_class="AlbertTokenizer")
+
+ELECTRA = Family("electra", ElectraConfig, ElectraModel, ELECTRA_NAMES, "wordpiece", (
+    base(ElectraModel, pooler=False), masked_lm(ElectraForMaskedLM, "generator_predictions."),
+    # The discriminator is ELECTRA's pretraining model: `AutoModelForPreTraining` builds it, as in transformers.
+    HeadInfo(ElectraForPreTraining, "pretraining", (), "replaced (> 0) or original, per token", ("logits",),
+             ("discriminator_predictions.", "replaced-token detection")),
+    sequence_classifier(ElectraForSequenceClassification), token_classifier(ElectraForTokenClassification),
+    span_extractor(ElectraForQuestionAnswering),
+), tokenizer_class="ElectraTokenizer")
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}

@@ -18,6 +18,7 @@ only its names differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +27,8 @@ from .base import NameTable
 from .bert import HF_NAMES as BERT_NAMES
 from .bert import BertModel
 from .config import BertConfig
-from .heads import BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from .heads import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
+                    BertForTokenClassification, ClassificationHead)
 
 
 @dataclass
@@ -40,6 +42,14 @@ class RobertaConfig(BertConfig):
     @property
     def position_offset(self) -> int:
         return self.pad_token_id + 1
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "RobertaConfig":
+        """A preset size as the published RoBERTa models are shaped: 512 positions after the padding id's
+        (max_position_embeddings 514 with pad_token_id 1) and one segment."""
+        pad = overrides.get("pad_token_id", cls.pad_token_id)
+        return super().from_preset(name, **{"max_position_embeddings": 512 + pad + 1, "type_vocab_size": 1,
+                                            **overrides})
 
 
 @dataclass
@@ -64,21 +74,6 @@ class RobertaModel(BertModel):
         return torch.cumsum(real, dim=1) * real + self.config.pad_token_id
 
 
-class RobertaClassificationHead(nn.Module):
-    """The sentence classifier of RoBERTa checkpoints: dropout -> dense -> tanh -> dropout -> out_proj on `<s>`."""
-
-    def __init__(self, config: RobertaConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
-        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
-
-    def forward(self, first: torch.Tensor) -> torch.Tensor:
-        """The `<s>` states, float [B, H] -> logits float [B, num_labels]."""
-        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(first)))))
-
-
 class RobertaHead:
     """What every RoBERTa head says of its family: its model_type, and its backbone and that backbone's name."""
 
@@ -98,7 +93,7 @@ class RobertaForSequenceClassification(RobertaHead, BertForSequenceClassificatio
     hf_architecture = "RobertaForSequenceClassification"
 
     def __init__(self, config: RobertaConfig) -> None:
-        super().__init__(config, head=RobertaClassificationHead(config))
+        super().__init__(config, head=ClassificationHead(config, nn.Tanh()))
 
 
 class RobertaForTokenClassification(RobertaHead, BertForTokenClassification):

@@ -10,6 +10,7 @@ transformers.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Iterable, Iterator
@@ -21,7 +22,8 @@ from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
 from ..jsonfile import read_json_object
-from .settings import SENTENCE_SPECIALS, read_sentence_settings
+from .settings import ALBERT_SPECIALS, SENTENCE_SPECIALS, read_sentence_settings
+from .spm import SentencePieceModel, read_model, train_unigram
 from .tokenizer import SPECIAL_ROLES, Tokenizer, _read_lines
 
 log = logging.getLogger("bertforge")
@@ -46,6 +48,8 @@ class SentenceTokenizer(Tokenizer):
     transformers_class: ClassVar[str]  # the tokenizer_class written on saving
     _keeps_normalizer: ClassVar[bool] = False  # whether tokenizer.json's normaliser is part of the model
     needs_prefix_space_for_words: ClassVar[bool] = False  # pre-split words need add_prefix_space (BPE)
+    default_specials: ClassVar[dict[str, str]] = SENTENCE_SPECIALS  # the special tokens transformers defaults
+    flags: ClassVar[dict[str, bool]] = {}  # the pipeline's own true/false settings in tokenizer_config.json
 
     def __init__(self, backend: Backend, settings: dict[str, Any]) -> None:
         super().__init__(backend, lowercase=False, strip_accents=None, model_max_length=settings["model_max_length"],
@@ -59,7 +63,7 @@ class SentenceTokenizer(Tokenizer):
         path = Path(path)
         if not path.is_dir():
             raise TokenizerError(f"{path}: no such tokenizer directory")
-        settings = read_sentence_settings(path, cls.classes, cls.default_prefix_space)
+        settings = read_sentence_settings(path, cls.classes, cls.default_prefix_space, cls.default_specials, cls.flags)
         json_file = path / "tokenizer.json"
         added: list[dict[str, Any]] = []
         if json_file.is_file():
@@ -99,20 +103,30 @@ class SentenceTokenizer(Tokenizer):
         backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in present])
         return cls(backend, settings)
 
+    @staticmethod
+    def _stream(files: Iterable[str | Path] | None, texts: Iterable[str] | None) -> Iterator[str]:
+        """The lines of the files (UTF-8, .gz allowed), then the texts."""
+        for file in files or []:
+            yield from _read_lines(Path(file))
+        if texts is not None:
+            yield from texts
+
     @classmethod
     def _trained(cls, backend: Backend, trainer: Any, files: Iterable[str | Path] | None,
                  texts: Iterable[str] | None) -> "SentenceTokenizer":
-        """Train `backend` on the files (UTF-8, .gz allowed) and texts, then assemble it with transformers' defaults."""
-        def stream() -> Iterator[str]:
-            for file in files or []:
-                yield from _read_lines(Path(file))
-            if texts is not None:
-                yield from texts
+        """Train `backend` on the files and texts, then assemble it with transformers' defaults."""
+        backend.train_from_iterator(cls._stream(files, texts), trainer)
+        # The trainer leaves a model with its own settings (no affixes: None where a loaded one has ""): rebuild it as
+        # loading would, so the tokenizer saved and read back is the same, byte for byte (shards check this).
+        return cls._new(cls._backend_from_spec(json.loads(backend.to_str())["model"], Path("<trained>")), None)
 
-        backend.train_from_iterator(stream(), trainer)
-        settings = {"specials": {r: SENTENCE_SPECIALS[r] for r in SPECIAL_ROLES}, "model_max_length": 512,
-                    "add_prefix_space": cls.default_prefix_space, "trim_offsets": True, "clean_up_spaces": False}
-        return cls._assemble(backend, settings, [], None, Path("<trained>"))
+    @classmethod
+    def _new(cls, backend: Backend, normalizer_spec: dict | None) -> "SentenceTokenizer":
+        """A newly trained vocabulary, assembled with transformers' default settings for this pipeline."""
+        settings = {"specials": {r: cls.default_specials[r] for r in SPECIAL_ROLES}, "model_max_length": 512,
+                    "add_prefix_space": cls.default_prefix_space, "trim_offsets": True, "clean_up_spaces": False,
+                    **cls.flags}
+        return cls._assemble(backend, settings, [], normalizer_spec, Path("<trained>"))
 
     # ----------------------------------------------------------------- saving
     def save(self, path: str | Path) -> None:
@@ -131,7 +145,7 @@ class SentenceTokenizer(Tokenizer):
         self._save_vocabulary(path)
 
     def _config_extra(self) -> dict[str, Any]:
-        return {}
+        return {key: self.settings[key] for key in self.flags}
 
     def _save_vocabulary(self, path: Path) -> None:
         pass
@@ -259,26 +273,61 @@ class UnigramTokenizer(SentenceTokenizer):
         vocab = model.get("vocab")
         if not isinstance(vocab, list) or not all(isinstance(v, list) and len(v) == 2 for v in vocab):
             raise TokenizerError(f"{source}: a Unigram model needs 'vocab' as [piece, score] pairs")
-        return cls._unigram([(str(p), float(s)) for p, s in vocab])
+        return cls._unigram([(str(p), float(s)) for p, s in vocab], cls.unk_id)
+
+    spm_file: ClassVar[str] = "sentencepiece.bpe.model"  # the SentencePiece model file of this family's checkpoints
+    trained_specials: ClassVar[list[str]] = TRAINED_SPECIALS  # a new vocabulary's first pieces
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "SentenceTokenizer":
+        """tokenizer.json, or the SentencePiece model file alone (`sentencepiece.bpe.model`, ALBERT's `spiece.model`)."""
+        path = Path(path)
+        if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / cls.spm_file).is_file():
+            model = read_model(path / cls.spm_file)
+            settings = read_sentence_settings(path, cls.classes, cls.default_prefix_space, cls.default_specials,
+                                              cls.flags)
+            backend = cls._unigram(cls._vocab_of(model), cls.unk_id)
+            charsmap = {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(model.charsmap).decode()}
+            return cls._assemble(backend, settings, [], charsmap if model.charsmap else None, path)
+        return super().from_pretrained(path)
+
+    @classmethod
+    def _vocab_of(cls, model: SentencePieceModel) -> list[tuple[str, float]]:
+        """The vocabulary transformers' XLM-R tokenizer makes of a fairseq SentencePiece model: fairseq's four
+        specials (<s> <pad> </s> <unk>) in place of SentencePiece's first three pieces, then <mask> at the end."""
+        return ([(t, 0.0) for t in ("<s>", "<pad>", "</s>", "<unk>")] + [(p, s) for p, s, _ in model.pieces[3:]]
+                + [("<mask>", 0.0)])
 
     @classmethod
     def _backend_from_files(cls, path: Path) -> Backend:
-        raise TokenizerError(f"{path}: no tokenizer.json; bertforge reads a SentencePiece Unigram tokenizer from "
-                             "its tokenizer.json (transformers writes one on save_pretrained)")
+        raise TokenizerError(f"{path}: no tokenizer.json or {cls.spm_file}")
 
     @classmethod
-    def train(cls, *args: Any, **kwargs: Any) -> "UnigramTokenizer":
-        """Refused: the `tokenizers` library's Unigram trainer gives a different vocabulary on each run of the
-        same text (its seed pieces come out of a hash map in random order), and bertforge's runs are
-        reproducible bit for bit. Train with sentencepiece and save with transformers' XLMRobertaTokenizer."""
-        raise TokenizerError("training a Unigram vocabulary is not built: the tokenizers library's Unigram trainer "
-                             "is not reproducible run to run; train one with sentencepiece and save it with "
-                             "transformers' XLMRobertaTokenizer, which bertforge reads")
+    def train(cls, files: Iterable[str | Path] | None = None, vocab_size: int = 30000,
+              texts: Iterable[str] | None = None, show_progress: bool = False) -> "UnigramTokenizer":
+        """Train a SentencePiece Unigram vocabulary with SentencePiece's own trainer (`spm.py`): this pipeline's
+        special tokens first (XLM-R: <s>=0 <pad> </s> <unk> <mask>), then the learned pieces, with SentencePiece's
+        NFKC normaliser. The same text gives the same vocabulary, byte for byte."""
+        vocab, charsmap = train_unigram(cls._stream(files, texts), vocab_size, cls.trained_specials)
+        spec = {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode()}
+        return cls._new(cls._unigram(vocab, cls.unk_id), spec)
+
+    # transformers' XLMRobertaTokenizer fixes the unknown id at 3 (fairseq's <unk>); AlbertTokenizer at 1.
+    unk_id: ClassVar[int] = 3
 
     @staticmethod
-    def _unigram(vocab: list[tuple[str, float]]) -> Backend:
-        # transformers' XLMRobertaTokenizer fixes the unknown id at 3 (fairseq's <unk>).
-        return Backend(models.Unigram(vocab, unk_id=3, byte_fallback=False))
+    def _unigram(vocab: list[tuple[str, float]], unk_id: int) -> Backend:
+        return Backend(models.Unigram(vocab, unk_id=unk_id, byte_fallback=False))
+
+    @classmethod
+    def _normalizers(cls, settings: dict[str, Any]) -> list:
+        """What runs before SentencePiece's own normaliser: nothing for XLM-R."""
+        return []
+
+    @classmethod
+    def _pair_template(cls, bos: str, eos: str) -> tuple[list[str], list[str]]:
+        """The single and pair templates: XLM-R's `<s> A </s>` and `<s> A </s></s> B </s>`."""
+        return [bos, "$A", eos], [bos, "$A", eos, eos, "$B", eos]
 
     @classmethod
     def _pipeline(cls, backend: Backend, settings: dict[str, Any], normalizer_spec: dict | None) -> None:
@@ -286,7 +335,8 @@ class UnigramTokenizer(SentenceTokenizer):
         charsmap = _precompiled_charsmap(normalizer_spec)
         from tokenizers import normalizers
 
-        backend.normalizer = normalizers.Precompiled(charsmap) if charsmap is not None else None
+        steps = cls._normalizers(settings) + ([normalizers.Precompiled(charsmap)] if charsmap is not None else [])
+        backend.normalizer = normalizers.Sequence(steps) if len(steps) > 1 else (steps[0] if steps else None)
         scheme = "always" if settings["add_prefix_space"] else "never"
         backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
                                                          pre_tokenizers.Metaspace(replacement="▁",
@@ -294,17 +344,54 @@ class UnigramTokenizer(SentenceTokenizer):
         backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
         specials = settings["specials"]
         bos, eos = specials["cls_token"], specials["sep_token"]
+        single, pair = cls._pair_template(bos, eos)
         backend.post_processor = processors.TemplateProcessing(
-            single=[bos, "$A", eos], pair=[bos, "$A", eos, eos, "$B", eos],
-            special_tokens=[(bos, backend.token_to_id(bos)), (eos, backend.token_to_id(eos))])
+            single=single, pair=pair, special_tokens=[(bos, backend.token_to_id(bos)), (eos, backend.token_to_id(eos))])
 
 
-def _precompiled_charsmap(spec: dict | None) -> str | None:
-    """The SentencePiece charsmap of a tokenizer.json normaliser, alone or inside a Sequence."""
+class AlbertTokenizer(UnigramTokenizer):
+    """ALBERT's tokenizer: a SentencePiece Unigram model behind BERT-style text clean-up (`` and '' to ",
+    accents stripped unless `keep_accents`, lower-cased unless `do_lower_case: false`), with BERT's
+    `[CLS] A [SEP] B [SEP]` pairs, the second segment typed 1. As transformers' AlbertTokenizer, it sends
+    no token_type_ids unless asked (`return_token_type_ids=True`)."""
+
+    kind, transformers_class = "SentencePiece Unigram (ALBERT)", "AlbertTokenizer"
+    classes = {"AlbertTokenizer", "AlbertTokenizerFast"}
+    default_specials = ALBERT_SPECIALS
+    flags = {"do_lower_case": True, "keep_accents": False}
+    unk_id = 1
+    spm_file = "spiece.model"
+    trained_specials = ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
+
+    @classmethod
+    def _vocab_of(cls, model: SentencePieceModel) -> list[tuple[str, float]]:
+        """ALBERT's spiece.model holds its specials itself (<pad>=0 <unk>=1 [CLS] [SEP] [MASK]): every piece, as is."""
+        return [(p, s) for p, s, _ in model.pieces]
+
+    @classmethod
+    def _normalizers(cls, settings: dict[str, Any]) -> list:
+        from tokenizers import normalizers
+
+        steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+        if not settings["keep_accents"]:
+            steps += [normalizers.NFKD(), normalizers.StripAccents()]
+        if settings["do_lower_case"]:
+            steps.append(normalizers.Lowercase())
+        return steps
+
+    @classmethod
+    def _pair_template(cls, bos: str, eos: str) -> tuple[list[str], list[str]]:
+        return [bos, "$A", eos], [bos, "$A", eos, "$B:1", f"{eos}:1"]
+
+
+def _precompiled_charsmap(spec: dict | None) -> bytes | None:
+    """The SentencePiece charsmap of a tokenizer.json normaliser, alone or inside a Sequence: the raw bytes
+    `normalizers.Precompiled` takes (tokenizer.json stores them base64-encoded)."""
     if not spec:
         return None
     if spec.get("type") == "Precompiled":
-        return spec.get("precompiled_charsmap")
+        charsmap = spec.get("precompiled_charsmap")
+        return base64.b64decode(charsmap) if isinstance(charsmap, str) and charsmap else None
     for inner in spec.get("normalizers") or []:
         found = _precompiled_charsmap(inner)
         if found is not None:

@@ -22,13 +22,22 @@ SENTENCE_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<
                      "mask_token": "<mask>", "bos_token": "<s>", "eos_token": "</s>"}
 
 
-def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: bool) -> dict[str, Any]:
-    """{specials, model_max_length, add_prefix_space, trim_offsets, clean_up_spaces} of a checkpoint directory.
+# ALBERT's, as transformers' AlbertTokenizer defaults them: BERT's bracketed names around SentencePiece's own.
+ALBERT_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                   "mask_token": "[MASK]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
+
+
+def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: bool,
+                           defaults: dict[str, str] = SENTENCE_SPECIALS,
+                           flags: dict[str, bool] | None = None) -> dict[str, Any]:
+    """{specials, model_max_length, add_prefix_space, trim_offsets, clean_up_spaces, *flags} of a checkpoint directory.
 
     classes: the tokenizer_class names that are this pipeline; default_prefix_space: transformers' default
-    of add_prefix_space for it (RoBERTa False, XLM-R True).
+    of add_prefix_space for it (RoBERTa False, XLM-R True); defaults: its special tokens; flags: the
+    pipeline's own true/false settings with their defaults (ALBERT's do_lower_case, keep_accents).
     """
-    config_file, config, _, specials = read_special_tokens(path, SENTENCE_SPECIALS)
+    flags = flags or {}
+    config_file, config, _, specials = read_special_tokens(path, defaults)
 
     def flag(key: str, default: bool) -> bool:
         value = config.get(key, default)
@@ -49,7 +58,7 @@ def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: 
         refuse_unless(key, lambda v: not v, "extra special tokens are not supported for this tokenizer yet")
     known = {"model_max_length", "max_len", "tokenizer_class", "errors", "padding_side", "truncation_side",
              "split_special_tokens", "add_prefix_space", "trim_offsets", "clean_up_tokenization_spaces",
-             *SENTENCE_SPECIALS, *_NO_EFFECT_KEYS}
+             *SENTENCE_SPECIALS, *flags, *_NO_EFFECT_KEYS}
     unknown = sorted(k for k in config if k not in known)
     if unknown:
         log.warning("%s: keys %s are not settings of this tokenizer; transformers ignores them and so does bertforge",
@@ -57,4 +66,5 @@ def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: 
     return {"specials": {r: specials[r] for r in SPECIAL_ROLES}, "model_max_length": read_max_length(config, config_file),
             "add_prefix_space": flag("add_prefix_space", default_prefix_space),
             "trim_offsets": flag("trim_offsets", True),
-            "clean_up_spaces": flag("clean_up_tokenization_spaces", False)}
+            "clean_up_spaces": flag("clean_up_tokenization_spaces", False),
+            **{key: flag(key, default) for key, default in flags.items()}}

@@ -42,7 +42,10 @@ _NO_EFFECT_KEYS = {"name_or_path", "special_tokens_map_file", "tokenizer_file", 
                    # says; transformers' own extra clean-up pass makes the same replacements again.
                    "clean_up_tokenization_spaces"}
 # Tokenizer classes that are BERT's WordPiece pipeline under another name.
-_BERT_CLASSES = {"BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast"}
+# WordPiece classes: DistilBERT's sends no token_type_ids; ELECTRA's is BERT's under another name (in transformers 5
+# an alias of BertTokenizer).
+_BERT_CLASSES = {"BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast",
+                 "ElectraTokenizer", "ElectraTokenizerFast"}
 
 
 def _token_text(value: Any, key: str, source: Path) -> str:

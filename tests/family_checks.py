@@ -1,0 +1,46 @@
+"""Checks the family-surface tests share: a surface of bertforge against what transformers or
+sentence-transformers computes from the same checkpoint directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.inference.predict import run_predict
+
+
+def assert_fill_mask_as_transformers(path: Path, text: str, k: int = 3) -> None:
+    """`predict fill-mask`'s top-k ids and scores for the text's one mask are transformers' own."""
+    transformers = pytest.importorskip("transformers")
+    rows = list(run_predict("fill-mask", str(path), [text], top_k=k, backend="torch"))
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(path).eval()
+    enc = tok(text, return_tensors="pt")
+    at = enc["input_ids"][0].tolist().index(tok.mask_token_id)
+    with torch.no_grad():
+        best = model(**enc).logits[0, at].softmax(-1).topk(k)
+    ours = rows[0]["predictions"][0]  # the one mask's candidates
+    assert [p["token"] for p in ours] == best.indices.tolist()
+    assert [p["score"] for p in ours] == pytest.approx(best.values.tolist(), abs=1e-5)
+
+
+def assert_embeds_as_sentence_transformers(path: Path, texts: list[str]) -> None:
+    """`predict embed` gives sentence-transformers' vectors for a plain transformers directory (mean pooling)."""
+    st = pytest.importorskip("sentence_transformers")
+    ours = torch.tensor([row["embedding"] for row in run_predict("embed", str(path), texts, backend="torch")])
+    theirs = st.SentenceTransformer(str(path), device="cpu").encode(texts, convert_to_tensor=True)
+    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=0)
+
+
+def served_relevance(path: Path, pairs: list[tuple[str, str]], backend: str) -> list[float]:
+    """The scores serve's `/rerank` gives the (query, document) pairs, from an in-process `Service`."""
+    from bertforge.server.service import Limits, Service
+
+    grad = torch.is_grad_enabled()
+    try:
+        service = Service(str(path), Limits(backend=backend))  # a server process turns autograd off for good
+        return [score for score, _ in service.relevance(pairs)]
+    finally:
+        torch.set_grad_enabled(grad)

@@ -1,0 +1,187 @@
+"""ALBERT and ELECTRA checkpoints through bertforge's surfaces: predict on every backend, fill-mask with
+`[MASK]`, NER and QA offsets, embeddings, serve's cross-encoder scores, inspect, attention maps and
+fine-tuning.
+
+Both factorise their embeddings (E < H, projected up), and ALBERT shares its blocks across layers, so
+these are the surfaces where a shape or a layer count could go wrong. Each checkpoint is a small
+random transformers model (every parameter perturbed) saved with a tokenizer of its family trained
+in the test (ALBERT's SentencePiece Unigram, ELECTRA's WordPiece); each surface's numbers are compared
+with what transformers or sentence-transformers computes from the same directory.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import bertforge  # noqa: E402
+from bertforge.inference.predict import run_predict  # noqa: E402
+
+from conftest import corpus, perturbed  # noqa: E402
+from family_checks import assert_embeds_as_sentence_transformers, assert_fill_mask_as_transformers, served_relevance  # noqa: E402
+
+TEXTS = ["a good film", "a bad film , truly", "Héllo wörld 東京", "not good at all"]
+# ALBERT: two groups of two blocks over three layers; ELECTRA: embeddings half the hidden width.
+SIZES = {"albert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
+                        max_position_embeddings=64, embedding_size=16, num_hidden_groups=2, inner_group_num=2),
+         "electra": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                         max_position_embeddings=64, embedding_size=16)}
+HEADS = {"masked": ("ForMaskedLM", None), "classifier": ("ForSequenceClassification", ["neg", "pos"]),
+         "tagger": ("ForTokenClassification", ["O", "B-PER", "I-PER"]), "reader": ("ForQuestionAnswering", None)}
+PREFIX = {"albert": "Albert", "electra": "Electra"}
+
+
+def tokenizer_dir(family: str, albert_dirs, root):
+    """ALBERT's Unigram tokenizer as transformers saved it, or a WordPiece one saved as ELECTRA's."""
+    if family == "albert":
+        return albert_dirs / "hf"
+    tok = bertforge.Tokenizer.train(texts=corpus(), vocab_size=600)
+    tok.save(root / "tok")
+    config = json.loads((root / "tok" / "tokenizer_config.json").read_text())
+    (root / "tok" / "tokenizer_config.json").write_text(json.dumps(config | {"tokenizer_class": "ElectraTokenizer"}))
+    return root / "tok"
+
+
+@pytest.fixture(scope="module", params=["albert", "electra"])
+def dirs(request, tmp_path_factory, albert_dirs):
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    tok_dir = tokenizer_dir(family, albert_dirs, root)
+    vocab_size = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
+    out = {"family": family}
+    torch.manual_seed(0)
+    for name, (suffix, labels) in HEADS.items():
+        extra = {"id2label": dict(enumerate(labels)), "label2id": {v: i for i, v in enumerate(labels)}} if labels else {}
+        config = getattr(transformers, PREFIX[family] + "Config")(vocab_size=vocab_size, **SIZES[family], **extra)
+        perturbed(getattr(transformers, PREFIX[family] + suffix)(config)).save_pretrained(root / name)
+        for f in tok_dir.iterdir():
+            (root / name / f.name).write_bytes(f.read_bytes())
+        out[name] = root / name
+    return out
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused", "onnx"])
+def test_classify_gives_transformers_pipeline_scores(dirs, backend):
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime")
+    rows = list(run_predict("classify", str(dirs["classifier"]), TEXTS, backend=backend))
+    pipe = transformers.pipeline("text-classification", model=str(dirs["classifier"]), device="cpu", top_k=None)
+    for row, theirs in zip(rows, pipe(TEXTS)):
+        for item in theirs:
+            assert row["scores"][item["label"]] == pytest.approx(item["score"], abs=1e-4 if backend != "torch" else 1e-5)
+
+
+def test_fused_layers_are_each_packed_once(dirs):
+    """ALBERT runs its shared blocks several times: the fused path packs each block once and runs it at each use."""
+    from bertforge.inference.fused import _FusedLayer, fuse_for_inference
+    from bertforge.models.layers import BertLayer
+
+    model = bertforge.AutoModel.from_pretrained(dirs["classifier"])
+    blocks = [m for m in model.modules() if isinstance(m, BertLayer)]
+    assert len(blocks) == (4 if dirs["family"] == "albert" else 2)
+    ids = torch.randint(5, 100, (2, 9))
+    with torch.no_grad():
+        ref = model(ids).last_hidden_state
+        fuse_for_inference(model, native_attention=False)
+        got = model(ids).last_hidden_state
+    assert all(isinstance(b.forward, _FusedLayer) for b in blocks)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def test_fill_mask_with_the_bracketed_mask(dirs):
+    assert_fill_mask_as_transformers(dirs["masked"], "a good [MASK] .")
+
+
+def test_ner_and_qa_point_at_the_text(dirs):
+    text = "Ann Smith lives in Paris"
+    for entity in list(run_predict("ner", str(dirs["tagger"]), [text], backend="torch"))[0]["entities"]:
+        assert text[entity["start"]:entity["end"]].strip() == entity["word"].strip()
+    answer = list(run_predict("qa", str(dirs["reader"]), [{"question": "who lives there?", "context": text}],
+                              backend="torch"))[0]
+    assert text[answer["start"]:answer["end"]] == answer["answer"] and answer["answer"]
+
+
+def test_embed_equals_sentence_transformers(dirs):
+    assert_embeds_as_sentence_transformers(dirs["classifier"], TEXTS)
+
+
+def test_served_cross_encoder_scores_are_transformers(dirs, tmp_path):
+    """A one-logit classifier served for /rerank scores as transformers (and sentence-transformers' CrossEncoder)."""
+    st = pytest.importorskip("sentence_transformers")
+    config = json.loads((dirs["classifier"] / "config.json").read_text())
+    config = getattr(transformers, PREFIX[dirs["family"]] + "Config")(**{
+        k: v for k, v in config.items() if k not in ("id2label", "label2id", "architectures")}, num_labels=1)
+    torch.manual_seed(1)
+    perturbed(getattr(transformers, PREFIX[dirs["family"]] + "ForSequenceClassification")(config)).save_pretrained(tmp_path)
+    for f in dirs["classifier"].iterdir():
+        if f.name.startswith(("tokenizer", "special", "vocab", "spiece")):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    pairs = [("what is a good film?", t) for t in TEXTS]
+    ours = served_relevance(tmp_path, pairs, backend="fused")
+    # bertforge sends segment ids with every pair, as BERT's and ALBERT's pretraining did. transformers 5's
+    # AlbertTokenizer sends none unless asked, so CrossEncoder scores an ALBERT pair as one segment: the
+    # reference is transformers' model given the segment ids, and CrossEncoder itself where the two agree.
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        logits = model(**tok([q for q, _ in pairs], [d for _, d in pairs], padding=True, return_tensors="pt",
+                             return_token_type_ids=True)).logits[:, 0]
+    assert ours == pytest.approx(logits.sigmoid().tolist(), abs=1e-4)
+    if "token_type_ids" in tok.model_input_names:
+        theirs = st.CrossEncoder(str(tmp_path), device="cpu").predict(pairs)
+        assert ours == pytest.approx([float(x) for x in theirs], abs=1e-4)
+
+
+def test_inspect_and_attention_maps(dirs):
+    from bertforge.interop.inspect import inspect_checkpoint
+    from bertforge.tokenization.kinds import load_tokenizer
+    from bertforge.viz import attention_maps
+
+    report = inspect_checkpoint(dirs["classifier"])
+    model = bertforge.AutoModelForSequenceClassification.from_pretrained(dirs["classifier"])
+    assert report["architecture"] == PREFIX[dirs["family"]] + "ForSequenceClassification"
+    assert report["missing_keys"] == [] == report["unexpected_keys"]
+    assert report["parameters"]["total"] == model.num_parameters()  # shared blocks counted once
+    encoder = bertforge.AutoModel.from_pretrained(dirs["classifier"])
+    tokens, attn = attention_maps(encoder, load_tokenizer(dirs["classifier"]), "a good film", "yes")
+    runs = 3 * 2 if dirs["family"] == "albert" else 2  # ALBERT: every layer runs a group of two blocks
+    assert tokens[0] == "[CLS]" and attn.shape[:2] == (runs, 4)
+
+
+def test_finetune_classify(dirs, tmp_path):
+    """`finetune classify` from the checkpoint's backbone builds its family's head and writes what transformers loads."""
+    from conftest import shared
+    from test_finetune import run, slice_file
+
+    train = slice_file(shared("glue", "SST-2", "train.tsv"), tmp_path / "train", 65)
+    dev = slice_file(shared("glue", "SST-2", "dev.tsv"), tmp_path / "dev", 33)
+    out = tmp_path / "out"
+    result = run("finetune", "classify", "--model", str(dirs["masked"]), "--train", str(train), "--dev", str(dev),
+                 "--out", str(out), "--epochs", "1", "--batch-size", "16", "--seq-len", "48")
+    assert result.returncode == 0, result.stderr
+    arch = PREFIX[dirs["family"]] + "ForSequenceClassification"
+    assert json.loads((out / "config.json").read_text())["architectures"] == [arch]
+    _, info = getattr(transformers, arch).from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_electra_discriminator_is_refused_for_fill_mask_naming_the_generator(tmp_path):
+    """The discriminator scores tokens as replaced or not; fill-mask needs ELECTRA's generator, and the refusal
+    names it (not every family's masked-LM class)."""
+    from bertforge.errors import BertforgeError
+
+    tok = bertforge.Tokenizer.train(texts=corpus()[:200], vocab_size=200)
+    config = transformers.ElectraConfig(vocab_size=tok.vocab_size, **SIZES["electra"])
+    transformers.ElectraForPreTraining(config).save_pretrained(tmp_path)
+    tok.save(tmp_path)
+    with pytest.raises(BertforgeError, match=r"ElectraForPreTraining, which has no head for fill-mask; it needs "
+                                             r"ElectraForMaskedLM \(fine-tune"):
+        list(run_predict("fill-mask", str(tmp_path), ["a [MASK] film"], backend="torch"))
+    # It is a pretraining model all the same: AutoModelForPreTraining builds it, and it scores every token.
+    model = bertforge.AutoModelForPreTraining.from_pretrained(tmp_path)
+    ids = torch.tensor([tok("a good film")["input_ids"]])
+    assert type(model).__name__ == "ElectraForPreTraining" and model(ids).logits.shape == ids.shape
