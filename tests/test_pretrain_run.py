@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge import BertConfig, BertForPreTraining, Tokenizer
+import bertforge
+from bertforge import BertConfig, BertForMaskedLM, BertForPreTraining, Tokenizer
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 from bertforge.tasks.pretraining import PretrainingTask
 
@@ -238,3 +239,63 @@ def test_two_runs_that_train_their_vocabulary_are_bitwise_equal(tmp_path, corpus
         runs.append(((out / "vocab.txt").read_bytes(), (out / "tokenizer.json").read_bytes(),
                      (out / "model.safetensors").read_bytes()))
     assert runs[0] == runs[1]
+
+
+# Each architecture pretrains from scratch with masked-LM on a new vocabulary of its own kind (WordPiece, byte-level
+# BPE, or SentencePiece Unigram with XLM-R's or ALBERT's specials), and writes what transformers' class loads.
+ARCHS = {"roberta": "RobertaForMaskedLM", "xlm-roberta": "XLMRobertaForMaskedLM", "distilbert": "DistilBertForMaskedLM",
+         "albert": "AlbertForMaskedLM", "electra": "ElectraForMaskedLM"}
+TOKENIZER_CLASS = {"roberta": "RobertaTokenizer", "xlm-roberta": "XLMRobertaTokenizer",
+                   "distilbert": "DistilBertTokenizer", "albert": "AlbertTokenizer", "electra": "ElectraTokenizer"}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_pretrain_each_architecture(tmp_path, corpus, arch):
+    transformers = pytest.importorskip("transformers")
+    if arch in ("albert", "xlm-roberta"):
+        pytest.importorskip("sentencepiece")
+    out = tmp_path / "run"
+    result = cli(str(corpus), "--arch", arch, "--model", "L2-H64", "--seq-len", "32", "--batch-size", "8",
+                 "--max-steps", "4", "--eval-every", "4", "--workers", "1", "--out", str(out), "--json",
+                 "--vocab-size", "300")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["eval"]["mlm_loss"] > 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [ARCHS[arch]] and config["model_type"] == arch
+    model, info = getattr(transformers, ARCHS[arch]).from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ours = bertforge.AutoTokenizer.from_pretrained(out)
+    enc = tok(["Doc1 alpha beta", "gamma"], padding=True, return_tensors="pt")
+    assert enc["input_ids"].tolist() == ours(["Doc1 alpha beta", "gamma"], padding=True)["input_ids"]
+    with torch.no_grad():
+        theirs = model.eval()(**enc).logits
+        mine = bertforge.AutoModelForMaskedLM.from_pretrained(out)(**ours(["Doc1 alpha beta", "gamma"], padding=True,
+                                                                           return_tensors="pt")).logits
+    real = enc["attention_mask"].bool()
+    torch.testing.assert_close(mine[real], theirs[real], atol=1e-4, rtol=0)
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == TOKENIZER_CLASS[arch]
+    if "roberta" in arch:
+        assert config["max_position_embeddings"] == 514 and config["type_vocab_size"] == 1
+    if arch == "distilbert":
+        assert "token_type_ids" not in tok("a b")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--arch", "gpt2"], "--arch: model_type 'gpt2' is not an architecture bertforge reads; supported: bert, roberta"),
+    (["--arch", "roberta", "--objective", "mlm+nsp"], "--objective mlm+nsp is BERT's; roberta pretrains with --objective mlm"),
+    (["--arch", "electra", "--objective", "mlm+nsp"], "--objective mlm+nsp is BERT's; electra pretrains"),
+])
+def test_pretrain_architecture_refusals(tmp_path, corpus, args, message):
+    out = tmp_path / "run"
+    result = cli(str(corpus), *args, "--model", "L2-H64", "--max-steps", "1", "--out", str(out))
+    assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_pretrain_arch_must_agree_with_the_checkpoint(tmp_path, corpus, tokenizer_dir):
+    ckpt = tmp_path / "bert"
+    BertForMaskedLM(BertConfig.from_preset("L2-H64", vocab_size=400)).save_pretrained(ckpt)
+    Tokenizer.from_pretrained(tokenizer_dir).save(ckpt)
+    result = cli(str(corpus), "--arch", "electra", "--model", str(ckpt), "--max-steps", "1", "--out", str(tmp_path / "o"))
+    assert result.returncode != 0 and "is a 'bert' checkpoint" in result.stderr, result.stderr

@@ -229,7 +229,10 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
 
     model: str | None = setting(None, "a preset (tiny ... large, L<n>-H<n>) or a checkpoint dir "
                                       "(default: tiny for the embedded corpus, else base)")
-    objective: str = setting("mlm+nsp", "mlm+nsp (BERT) or mlm (RoBERTa's FULL-SENTENCES)")
+    arch: str | None = setting(None, "the architecture of a new model: bert, roberta, xlm-roberta, distilbert, albert "
+                                     "or electra (default bert; a --model checkpoint brings its own)")
+    objective: str | None = setting(None, "mlm+nsp (BERT's, its default) or mlm (RoBERTa's FULL-SENTENCES, the "
+                                          "default of every other architecture)")
     seq_len: int = setting(128, "tokens per example, [CLS] and [SEP] included")
     tokenizer: str | None = setting(None, "a directory with vocab.txt / tokenizer.json (default: train one)")
     vocab_size: int | None = setting(None, "size of a newly trained vocabulary (default 30522; 8000 for the "
@@ -259,7 +262,7 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
         if self.demo is None:
             self.demo = embedded
         super().__post_init__()
-        if self.objective not in ("mlm+nsp", "mlm"):
+        if self.objective not in (None, "mlm+nsp", "mlm"):
             raise ConfigError(f"{flag('objective')} must be mlm+nsp or mlm, not {self.objective!r}")
         if self.seq_len < 8:
             raise ConfigError(f"{flag('seq_len')} must be at least 8")

@@ -18,9 +18,8 @@ import torch
 from ..data.pretraining import MaskingCollator, PretrainingExamples
 from ..data.shards import TokenShards
 from ..errors import BertforgeError
-from ..interop.hf import load_pretrained
-from ..models.config import BertConfig
-from ..models.heads import BertForMaskedLM, BertForPreTraining
+from ..interop.hf import family_of, load_pretrained
+from ..models.registry import family
 from ..runconfig import PretrainConfig
 from ..tokenization.tokenizer import Tokenizer
 
@@ -85,15 +84,19 @@ class PretrainingTask:
 
 
 def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
-    cls = BertForPreTraining if cfg.objective == "mlm+nsp" else BertForMaskedLM
+    """The model to pretrain: --model's checkpoint, or a new --arch model of a preset size (both resolved by
+    `training.pretrain.resolve_architecture`), with its pretraining heads (MLM + NSP) or masked-LM alone."""
+    kind = "pretraining" if cfg.objective == "mlm+nsp" else "masked-lm"
     name = cfg.model or ("base" if cfg.corpus else "tiny")
     if Path(name).is_dir():
-        model = load_pretrained(cls, name)
+        model = load_pretrained(family_of(name).head(kind), name)
         if model.config.vocab_size < tokenizer.vocab_size:
             raise BertforgeError(f"{name}: vocab_size {model.config.vocab_size} is smaller than the tokenizer's "
                                  f"{tokenizer.vocab_size}")
     else:
-        model = cls(BertConfig.from_preset(name, vocab_size=tokenizer.vocab_size))
+        row = family(cfg.arch or "bert")
+        config = row.config.from_preset(name, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id)
+        model = row.head(kind)(config)
     if cfg.seq_len > model.config.max_sequence_length:
         raise BertforgeError(f"--seq-len {cfg.seq_len} exceeds the {model.config.max_sequence_length} positions the "
                              f"model's max_position_embeddings ({model.config.max_position_embeddings}) leaves")

@@ -1,6 +1,7 @@
-"""`bertforge pretrain`: raw text (or prepared shards) to a pretrained BERT in the Hugging Face layout.
+"""`bertforge pretrain`: raw text (or prepared shards) to a pretrained encoder in the Hugging Face layout.
 
-The flow: read the corpus -> train a WordPiece vocabulary unless one is given -> tokenise
+The flow: pick the architecture (--arch, or --model's) -> read the corpus -> train a vocabulary of its
+kind unless one is given -> tokenise
 into shards under OUT/data (reused on resume) -> hold out the last documents for
 evaluation -> sentence pairs (MLM + NSP) or packed blocks (MLM) -> dynamic masking ->
 the one training loop -> OUT/ holds config.json, model.safetensors, vocab.txt,
@@ -23,10 +24,11 @@ import torch
 from ..data.corpus import CorpusOptions, iter_documents
 from ..data.shards import TokenShards, load_tokenizer_for, prepare, tokenizer_fingerprint
 from ..errors import BertforgeError
-from ..interop.hf import save_pretrained
+from ..interop.hf import family_of, save_pretrained
+from ..models.registry import family
 from ..runconfig import PretrainConfig, TrainConfig
 from ..tasks.pretraining import build
-from ..tokenization.kinds import load_tokenizer
+from ..tokenization.kinds import load_tokenizer, train_tokenizer
 from ..tokenization.tokenizer import Tokenizer
 from . import distributed as dist
 from .engines import make_trainer
@@ -81,13 +83,38 @@ def _data(cfg: PretrainConfig, out: Path) -> tuple[TokenShards, Tokenizer]:
 
 
 def _tokenizer(cfg: PretrainConfig) -> Tokenizer:
+    """--model's tokenizer, --tokenizer, or a new vocabulary of the architecture's kind trained on the corpus."""
     if cfg.model and Path(cfg.model).is_dir():
         return load_tokenizer(cfg.model)
     if cfg.tokenizer:
         return load_tokenizer(cfg.tokenizer)
-    print(f"tokenizer: training a {cfg.vocab_size:,}-piece WordPiece vocabulary on the corpus", flush=True)
-    return Tokenizer.train(texts=lambda: _documents(cfg), vocab_size=cfg.vocab_size, lowercase=True,
+    row = family(cfg.arch)
+    print(f"tokenizer: training a {cfg.vocab_size:,}-piece {KIND_NAMES[row.tokenizer]} vocabulary on the corpus",
+          flush=True)
+    return train_tokenizer(row.tokenizer, row.tokenizer_class, texts=lambda: _documents(cfg), vocab_size=cfg.vocab_size,
                            show_progress=cfg.progress)
+
+
+KIND_NAMES = {"wordpiece": "WordPiece", "bpe": "byte-level BPE", "unigram": "SentencePiece Unigram"}
+
+
+def resolve_architecture(cfg: PretrainConfig) -> None:
+    """Fill in `cfg.arch` and `cfg.objective`: a --model checkpoint decides the architecture (--arch may only
+    agree with it), else --arch (default bert); the objective defaults to the architecture's own."""
+    if cfg.model and Path(cfg.model).is_dir():
+        row = family_of(cfg.model)
+        if cfg.arch is not None and cfg.arch != row.model_type:
+            raise BertforgeError(f"--arch {cfg.arch}: {cfg.model} is a '{row.model_type}' checkpoint; "
+                                 "drop --arch, or start from a preset")
+    else:
+        row = family(cfg.arch or "bert", source="--arch")
+    cfg.arch = row.model_type
+    if cfg.objective is None:
+        cfg.objective = "mlm+nsp" if row.model_type == "bert" else "mlm"
+    if cfg.objective == "mlm+nsp" and row.model_type != "bert":
+        raise BertforgeError(f"--objective mlm+nsp is BERT's; {row.model_type} pretrains with --objective mlm here "
+                             "(ALBERT's sentence order, ELECTRA's replaced-token detection and distillation are "
+                             "not built yet)")
 
 
 def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
@@ -95,6 +122,7 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
 
     The summary is printed at the end: one JSON object with `as_json`, else a readable block.
     """
+    resolve_architecture(cfg)
     dist.init()
     torch.manual_seed(cfg.seed)
     out = claim_output(cfg)
@@ -144,6 +172,7 @@ def _fill_mask_demo(model, tokenizer: Tokenizer) -> None:
 
     model = model.cpu().eval()
     print("fill-mask with the model just trained:")
-    for text, per_mask in zip(DEMO_SENTENCES, fill_mask(model, tokenizer, DEMO_SENTENCES, top_k=5)):
+    sentences = [text.replace("[MASK]", tokenizer.specials["mask_token"]) for text in DEMO_SENTENCES]
+    for text, per_mask in zip(sentences, fill_mask(model, tokenizer, sentences, top_k=5)):
         guesses = ", ".join(f"{p['token_str']} ({p['score']:.2f})" for p in per_mask[0])
         print(f"  {text}\n    -> {guesses}")
