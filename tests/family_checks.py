@@ -44,3 +44,17 @@ def served_relevance(path: Path, pairs: list[tuple[str, str]], backend: str) -> 
         return [score for score, _ in service.relevance(pairs)]
     finally:
         torch.set_grad_enabled(grad)
+
+
+def small_squad(tmp_path: Path) -> tuple[Path, Path]:
+    """Two SQuAD v1.1 files cut from the dev set: 6 paragraphs to train on, 3 others to evaluate on."""
+    import json
+
+    from conftest import shared
+
+    dev = json.loads(shared("squad", "dev-v1.1.json").read_text(encoding="utf-8"))
+    small = lambda articles: {"version": "1.1", "data": [  # noqa: E731
+        {"title": a["title"], "paragraphs": a["paragraphs"][:3]} for a in articles]}
+    (tmp_path / "train.json").write_text(json.dumps(small(dev["data"][:2])))
+    (tmp_path / "dev.json").write_text(json.dumps(small(dev["data"][47:48])))
+    return tmp_path / "train.json", tmp_path / "dev.json"

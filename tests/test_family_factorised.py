@@ -22,14 +22,15 @@ import bertforge  # noqa: E402
 from bertforge.inference.predict import run_predict  # noqa: E402
 
 from conftest import corpus, perturbed  # noqa: E402
-from family_checks import assert_embeds_as_sentence_transformers, assert_fill_mask_as_transformers, served_relevance  # noqa: E402
+from family_checks import (assert_embeds_as_sentence_transformers, assert_fill_mask_as_transformers,  # noqa: E402
+                           served_relevance, small_squad)
 
 TEXTS = ["a good film", "a bad film , truly", "Héllo wörld 東京", "not good at all"]
 # ALBERT: two groups of two blocks over three layers; ELECTRA: embeddings half the hidden width.
 SIZES = {"albert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
-                        max_position_embeddings=64, embedding_size=16, num_hidden_groups=2, inner_group_num=2),
+                        max_position_embeddings=128, embedding_size=16, num_hidden_groups=2, inner_group_num=2),
          "electra": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-                         max_position_embeddings=64, embedding_size=16)}
+                         max_position_embeddings=128, embedding_size=16)}
 HEADS = {"masked": ("ForMaskedLM", None), "classifier": ("ForSequenceClassification", ["neg", "pos"]),
          "tagger": ("ForTokenClassification", ["O", "B-PER", "I-PER"]), "reader": ("ForQuestionAnswering", None)}
 PREFIX = {"albert": "Albert", "electra": "Electra"}
@@ -152,21 +153,31 @@ def test_inspect_and_attention_maps(dirs):
     assert tokens[0] == "[CLS]" and attn.shape[:2] == (runs, 4)
 
 
-def test_finetune_classify(dirs, tmp_path):
-    """`finetune classify` from the checkpoint's backbone builds its family's head and writes what transformers loads."""
+@pytest.mark.parametrize("task", ["classify", "qa"])
+def test_finetune(dirs, tmp_path, task):
+    """`finetune classify|qa` from the checkpoint's backbone builds its family's head and writes what transformers
+    loads; QA runs through the family's offsets (ALBERT's Unigram) and is scored by the official rules."""
     from conftest import shared
     from test_finetune import run, slice_file
 
-    train = slice_file(shared("glue", "SST-2", "train.tsv"), tmp_path / "train", 65)
-    dev = slice_file(shared("glue", "SST-2", "dev.tsv"), tmp_path / "dev", 33)
+    if task == "qa":
+        train, dev = small_squad(tmp_path)
+        extra = ["--seq-len", "128", "--doc-stride", "32"]
+    else:
+        train = slice_file(shared("glue", "SST-2", "train.tsv"), tmp_path / "train", 65)
+        dev = slice_file(shared("glue", "SST-2", "dev.tsv"), tmp_path / "dev", 33)
+        extra = ["--seq-len", "48"]
     out = tmp_path / "out"
-    result = run("finetune", "classify", "--model", str(dirs["masked"]), "--train", str(train), "--dev", str(dev),
-                 "--out", str(out), "--epochs", "1", "--batch-size", "16", "--seq-len", "48")
+    result = run("finetune", task, "--model", str(dirs["masked"]), "--train", str(train), "--dev", str(dev),
+                 "--out", str(out), "--epochs", "1", "--batch-size", "16", *extra)
     assert result.returncode == 0, result.stderr
-    arch = PREFIX[dirs["family"]] + "ForSequenceClassification"
+    arch = PREFIX[dirs["family"]] + ("ForQuestionAnswering" if task == "qa" else "ForSequenceClassification")
     assert json.loads((out / "config.json").read_text())["architectures"] == [arch]
     _, info = getattr(transformers, arch).from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
+    if task == "qa":
+        results = json.loads((out / "eval_results.json").read_text())
+        assert {"exact_match", "f1"} <= set(results) and 0 <= results["f1"] <= 100
 
 
 def test_electra_discriminator_is_refused_for_fill_mask_naming_the_generator(tmp_path):

@@ -21,7 +21,8 @@ from bertforge.inference.predict import run_predict  # noqa: E402
 from bertforge.tokenization.sentence import ByteLevelBPETokenizer  # noqa: E402
 
 from conftest import corpus, perturbed  # noqa: E402
-from family_checks import assert_embeds_as_sentence_transformers, assert_fill_mask_as_transformers, served_relevance  # noqa: E402
+from family_checks import (assert_embeds_as_sentence_transformers, assert_fill_mask_as_transformers,  # noqa: E402
+                           served_relevance, small_squad)
 
 TEXTS = ["a good film", "a bad film , truly", "Héllo wörld 東京", "not good at all"]
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
@@ -137,18 +138,24 @@ def roberta_backbone(tmp_path_factory):
 @pytest.mark.parametrize("task, files, arch", [
     ("classify", ("glue/RTE/train.tsv", "glue/RTE/dev.tsv"), "RobertaForSequenceClassification"),
     ("ner", ("conll2003/train.txt", "conll2003/valid.txt"), "RobertaForTokenClassification"),
+    ("qa", None, "RobertaForQuestionAnswering"),
 ])
 def test_finetune_a_roberta(tmp_path, roberta_backbone, task, files, arch):
-    """`finetune` builds the head of the checkpoint's family and writes what transformers loads."""
+    """`finetune` builds the head of the checkpoint's family and writes what transformers loads (QA through
+    byte-level BPE offsets, scored by the official rules)."""
     from conftest import shared
     from test_finetune import run, slice_file
 
-    lines = 65 if task == "classify" else 300
-    train = slice_file(shared(*files[0].split("/")), tmp_path / "train", lines)
-    dev = slice_file(shared(*files[1].split("/")), tmp_path / "dev", lines // 2)
+    if task == "qa":
+        train, dev = small_squad(tmp_path)
+    else:
+        lines = 65 if task == "classify" else 300
+        train = slice_file(shared(*files[0].split("/")), tmp_path / "train", lines)
+        dev = slice_file(shared(*files[1].split("/")), tmp_path / "dev", lines // 2)
     out = tmp_path / "out"
     result = run("finetune", task, "--model", str(roberta_backbone), "--train", str(train), "--dev", str(dev),
-                 "--out", str(out), "--epochs", "1", "--batch-size", "16", "--seq-len", "64")
+                 "--out", str(out), "--epochs", "1", "--batch-size", "16",
+                 *(["--seq-len", "128", "--doc-stride", "32"] if task == "qa" else ["--seq-len", "64"]))
     assert result.returncode == 0, result.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [arch] and config["model_type"] == "roberta"

@@ -101,3 +101,18 @@ def test_finetune_qa_end_to_end(tmp_path, minilm_dir):
     assert evaluated.returncode == 0, evaluated.stderr
     scored = run("score", "squad", str(tmp_path / "dev.json"), str(tmp_path / "pred.json"), "--json")
     assert json.loads(scored.stdout)["f1"] == pytest.approx(json.loads(evaluated.stdout)["f1"])
+
+
+def test_a_question_that_leaves_no_room_past_the_stride_is_refused_by_name(minilm_dir):
+    """The tokenizers library panics when a window's context part is no longer than the stride; bertforge names
+    the question instead."""
+    from bertforge.data.qa import QAExample, qa_features
+    from bertforge.errors import InputError
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    examples = [QAExample("short", "who?", "ann lives in paris ."),
+                QAExample("long-one", " ".join(["where"] * 40), "ann lives in paris .")]
+    with pytest.raises(InputError, match=r"question 'long-one' takes 40 tokens, leaving 21 of the 64-token window .* "
+                                         r"exceed the 24-token stride"):
+        qa_features(examples, tok, max_seq_len=64, doc_stride=24)
+    assert len(qa_features(examples, tok, max_seq_len=64, doc_stride=16)) >= 2

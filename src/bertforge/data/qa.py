@@ -103,6 +103,7 @@ def qa_features(examples: list[QAExample], tokenizer: Tokenizer, max_seq_len: in
                 training: bool = False) -> list[dict]:
     """One feature per window: input_ids, token_type_ids, example index, context offsets, and
     (training) start/end positions. Offsets are None outside the context."""
+    check_room(examples, tokenizer, max_seq_len, doc_stride)
     enc = tokenizer([e.question.lstrip() for e in examples], [e.context for e in examples],
                     truncation="only_second", max_length=max_seq_len, stride=doc_stride,
                     return_overflowing_tokens=True, return_offsets_mapping=True, return_token_type_ids=True)
@@ -116,6 +117,21 @@ def qa_features(examples: list[QAExample], tokenizer: Tokenizer, max_seq_len: in
             feature["start_positions"], feature["end_positions"] = answer_span(examples[example_index], offsets)
         features.append(feature)
     return features
+
+
+def check_room(examples: list[QAExample], tokenizer: Tokenizer, max_seq_len: int, doc_stride: int) -> None:
+    """Refuse, naming the question, a window that would leave the context no more tokens than the stride:
+    the tokenizers library panics there (its windows could not advance), and transformers' run_qa.py with it."""
+    specials = tokenizer.backend.post_processor.num_special_tokens_to_add(True)
+    questions = tokenizer([e.question.lstrip() for e in examples], add_special_tokens=False)["input_ids"]
+    lengths = [len(ids) for ids in questions]
+    worst = max(range(len(examples)), key=lengths.__getitem__, default=None)
+    if worst is not None and max_seq_len - specials - lengths[worst] <= doc_stride:
+        room = max_seq_len - specials - lengths[worst]
+        raise InputError(f"question {examples[worst].id!r} takes {lengths[worst]} tokens, leaving {max(room, 0)} of "
+                         f"the {max_seq_len}-token window for the context, which must exceed the {doc_stride}-token "
+                         "stride; shorten the question, or widen the window or narrow the stride (finetune and "
+                         "evaluate: --seq-len, --doc-stride)")
 
 
 def answer_span(example: QAExample, offsets: list) -> tuple[int, int]:
