@@ -5,7 +5,8 @@ perturbed), saves them, loads them with bertforge's Auto classes (transformers -
 them again with bertforge and loads them with transformers (bertforge -> transformers), and records
 the largest absolute difference over real tokens of every output, on SST-2 dev sentences tokenised by
 a tokenizer of the family trained on WikiText-2. Then counts how many of those sentences (single and
-paired) the family's tokenizers encode exactly as transformers' (ids and offsets).
+paired) the family's tokenizers encode exactly as transformers' (ids and offsets). ALBERT and ELECTRA
+also run their pretraining heads (MLM + sentence order; the replaced-token discriminator).
 
     python -m benchmarks.family_parity          # writes benchmarks/results/family_parity.json, prints a table
 """
@@ -19,20 +20,22 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer as Backend
-from tokenizers import models, normalizers, pre_tokenizers, trainers
-
 import bertforge
-from bertforge.tokenization.sentence import ByteLevelBPETokenizer
+from bertforge.models.registry import family
+from bertforge.tokenization.sentence import AlbertTokenizer, ByteLevelBPETokenizer, UnigramTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 HEADS = ("AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
          "AutoModelForQuestionAnswering")
-FAMILIES = {  # model_type: (transformers class prefix, tokenizer kind)
+# ALBERT's MLM + SOP model and ELECTRA's discriminator are their families' pretraining heads.
+PRETRAINING = ("albert", "electra")
+FAMILIES = {  # model_type: (transformers class prefix, tokenizer)
     "roberta": ("Roberta", "bpe"),
     "xlm-roberta": ("XLMRoberta", "unigram"),
     "distilbert": ("DistilBert", "wordpiece"),
+    "albert": ("Albert", "albert"),
+    "electra": ("Electra", "wordpiece"),
 }
 SHAPES = {
     "L2-H32, tied, gelu": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -41,11 +44,27 @@ SHAPES = {
                                              intermediate_size=40, type_vocab_size=2, hidden_act="relu",
                                              tie_word_embeddings=False, classifier_dropout=0.3),
 }
+# What ALBERT and ELECTRA add to each shape: embeddings narrower than the hidden size in the first (ALBERT also
+# runs 2 groups of 2 shared blocks over 5 layers there), as wide in the second (ALBERT: 1 block run 3 times).
+FACTORISED = {
+    "albert": ({"embedding_size": 16, "num_hidden_layers": 5, "num_hidden_groups": 2, "inner_group_num": 2},
+               {"embedding_size": 24, "num_hidden_layers": 3}),
+    "electra": ({"embedding_size": 16}, {"embedding_size": 24}),
+}
+FACTORISED_LABELS = {
+    "albert": ("; E=16, 5 layers over 2 groups of 2 shared blocks", "; E=24, 3 layers over 1 shared block"),
+    "electra": ("; E=16 projected to H", "; E=H, no projection"),
+}
 
 
-def sizes_for(model_type: str, sizes: dict) -> dict:
+def sizes_for(model_type: str, sizes: dict, index: int) -> dict:
     """A shape in the config names of the family: DistilBERT has its own, no segments and a fixed eps; its
-    second shape also tries the fixed sinusoidal positions."""
+    second shape also tries the fixed sinusoidal positions. ALBERT and ELECTRA add their factorisation."""
+    if model_type in FACTORISED:
+        sizes = {**sizes, **FACTORISED[model_type][index]}
+        if model_type == "albert":  # ALBERT's name for classifier_dropout
+            sizes["classifier_dropout_prob"] = sizes.pop("classifier_dropout", 0.1)
+        return sizes
     if model_type != "distilbert":
         return sizes
     names = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
@@ -56,7 +75,7 @@ def sizes_for(model_type: str, sizes: dict) -> dict:
     return out
 
 
-AUTO_TO_HF = {"AutoModel": "Model", "AutoModelForMaskedLM": "ForMaskedLM",
+AUTO_TO_HF = {"AutoModel": "Model", "AutoModelForMaskedLM": "ForMaskedLM", "AutoModelForPreTraining": "ForPreTraining",
               "AutoModelForSequenceClassification": "ForSequenceClassification",
               "AutoModelForTokenClassification": "ForTokenClassification",
               "AutoModelForQuestionAnswering": "ForQuestionAnswering"}
@@ -69,27 +88,20 @@ def texts() -> tuple[list[str], list[str]]:
     return wiki, sst
 
 
-def tokenizer_dir(kind: str, wiki: list[str], root: Path) -> Path:
-    """A tokenizer of the family, trained here, saved by transformers."""
-    path = root / f"tok-{kind}"
+def tokenizer_dir(kind: str, wiki: list[str], root: Path, model_type: str) -> Path:
+    """A tokenizer of the family, trained here (WordPiece, byte-level BPE, or SentencePiece Unigram with XLM-R's or
+    ALBERT's specials), saved by transformers."""
+    path = root / f"tok-{model_type}"
     if kind == "wordpiece":
         tok = bertforge.Tokenizer.train(texts=wiki, vocab_size=2000)
         tok.save(path)
         config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-        config["tokenizer_class"] = "DistilBertTokenizer"
+        config["tokenizer_class"] = family(model_type).tokenizer_class
         (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    elif kind == "bpe":
-        model = json.loads(ByteLevelBPETokenizer.train(texts=wiki, vocab_size=2000).backend.to_str())["model"]
-        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-        transformers.RobertaTokenizer(vocab=model["vocab"], merges=merges).save_pretrained(path)
-    else:
-        backend = Backend(models.Unigram())
-        backend.normalizer = normalizers.NFKC()
-        backend.pre_tokenizer = pre_tokenizers.Metaspace()
-        backend.train_from_iterator(wiki, trainers.UnigramTrainer(
-            vocab_size=2000, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], unk_token="<unk>"))
-        vocab = [(p, s) for p, s in json.loads(backend.to_str())["model"]["vocab"]]
-        transformers.XLMRobertaTokenizer(vocab=vocab).save_pretrained(path)
+        return path
+    cls = {"bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer, "albert": AlbertTokenizer}[kind]
+    cls.train(texts=wiki, vocab_size=2000).save(root / f"ours-{kind}")
+    transformers.AutoTokenizer.from_pretrained(root / f"ours-{kind}").save_pretrained(path)
     return path
 
 
@@ -108,7 +120,8 @@ def tokenizer_agreement(path: Path, sst: list[str]) -> dict[str, int]:
 def max_diff(a, b, mask: torch.Tensor) -> float:
     worst = 0.0
     real = mask.bool()
-    for name in ("last_hidden_state", "pooler_output", "logits", "start_logits", "end_logits"):
+    for name in ("last_hidden_state", "pooler_output", "logits", "start_logits", "end_logits", "prediction_logits",
+                 "sop_logits"):
         x, y = getattr(a, name, None), getattr(b, name, None)
         if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
             continue
@@ -124,17 +137,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for model_type, (prefix, kind) in FAMILIES.items():
-            tok_dir = tokenizer_dir(kind, wiki, root)
+            tok_dir = tokenizer_dir(kind, wiki, root, model_type)
             tokenizers[model_type] = tokenizer_agreement(tok_dir, sst)
             tok = bertforge.AutoTokenizer.from_pretrained(tok_dir)
             batches = [tok(sst[i:i + 32], padding=True, truncation=True, max_length=64, return_tensors="pt",
                            return_token_type_ids=True) for i in range(0, 256, 32)]
-            for shape, sizes in SHAPES.items():
-                for auto in HEADS:
-                    labels = 2 if auto.endswith("QuestionAnswering") else 3
+            for index, (shape, sizes) in enumerate(SHAPES.items()):
+                for auto in HEADS + (("AutoModelForPreTraining",) if model_type in PRETRAINING else ()):
+                    labels = 2 if auto.endswith(("QuestionAnswering", "PreTraining")) else 3
                     config = getattr(transformers, f"{prefix}Config")(vocab_size=tok.vocab_size, num_labels=labels,
                                                                       max_position_embeddings=66,
-                                                                      **sizes_for(model_type, sizes))
+                                                                      **sizes_for(model_type, sizes, index))
                     torch.manual_seed(0)
                     hf = getattr(transformers, prefix + AUTO_TO_HF[auto])(config)
                     g = torch.Generator().manual_seed(0)
@@ -155,7 +168,8 @@ def main() -> None:
                             mine = ours(**batch)
                             forward = max(forward, max_diff(mine, hf(**batch), batch["attention_mask"]))
                             backward = max(backward, max_diff(mine, back(**batch), batch["attention_mask"]))
-                    rows.append({"model_type": model_type, "head": type(ours).__name__, "shape": shape,
+                    label = shape + (FACTORISED_LABELS[model_type][index] if model_type in FACTORISED else "")
+                    rows.append({"model_type": model_type, "head": type(ours).__name__, "shape": label,
                                  "transformers_to_bertforge": forward, "bertforge_to_transformers": backward,
                                  "missing": len(info["missing_keys"]), "unexpected": len(info["unexpected_keys"])})
     result = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,

