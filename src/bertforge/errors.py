@@ -30,6 +30,12 @@ class InputError(BertforgeError, ValueError):
     """Tensors or data handed to bertforge are out of range or malformed."""
 
 
+class NothingToDo(BertforgeError):
+    """The command was asked for what is already done (`--resume` on a finished run): said in one line, exit 0."""
+
+    exit_code = 0
+
+
 class MissingDependency(BertforgeError):
     """An optional library a command needs is not installed."""
 

@@ -103,6 +103,9 @@ def tokenizer_train(files: list[str], *, out: str, kind: Literal["wordpiece", "b
     if kind == "unigram" and min_frequency is not None:
         raise BertforgeError("--min-frequency is a WordPiece and BPE setting; SentencePiece's Unigram trainer "
                              "has no frequency cut")
+    from ..lockfile import lock_directory
+
+    lock_directory(target)  # one writer: a second `tokenizer train` into the same --out is refused by name
     tok = train_tokenizer(kind, row.tokenizer_class, files=files, vocab_size=vocab_size,
                           min_frequency=2 if min_frequency is None else min_frequency, lowercase=not cased,
                           show_progress=sys.stderr.isatty())

@@ -213,8 +213,8 @@ class BertConfig:
                 layers, hidden = int(l_part[1:]), int(h_part[1:])
             except (ValueError, AssertionError, IndexError):
                 raise ConfigError(
-                    f"unknown model preset {name!r}; use one of {', '.join(PRESETS)} or L<layers>-H<hidden>"
-                ) from None
+                    f"{name}: no such checkpoint directory, and not a model preset ({', '.join(PRESETS)} or "
+                    "L<layers>-H<hidden>)") from None
         if hidden % 64:
             raise ConfigError(f"preset {name!r}: hidden size {hidden} must be a multiple of 64 (heads are 64 wide)")
         base = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,

@@ -18,7 +18,7 @@ import torch
 from ..data.pretraining import MaskingCollator, PretrainingExamples
 from ..data.shards import TokenShards
 from ..errors import BertforgeError
-from ..interop.hf import family_of, load_pretrained
+from ..interop.hf import family_of, load_pretrained, read_config
 from ..models.registry import family
 from ..runconfig import PretrainConfig
 from ..tokenization.tokenizer import Tokenizer
@@ -97,10 +97,22 @@ def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
         row = family(cfg.arch or "bert")
         config = row.config.from_preset(name, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id)
         model = row.head(kind)(config)
-    if cfg.seq_len > model.config.max_sequence_length:
-        raise BertforgeError(f"--seq-len {cfg.seq_len} exceeds the {model.config.max_sequence_length} positions the "
-                             f"model's max_position_embeddings ({model.config.max_position_embeddings}) leaves")
+    _check_seq_len(cfg, model.config)
     return model
+
+
+def check_model(cfg: PretrainConfig) -> None:
+    """Refuse a --model that is neither a checkpoint nor a preset, a checkpoint whose config.json is bad, or a
+    --seq-len the model's positions cannot hold: called before the run writes anything."""
+    name = cfg.model or ("base" if cfg.corpus else "tiny")
+    config = read_config(name) if Path(name).is_dir() else family(cfg.arch or "bert").config.from_preset(name)
+    _check_seq_len(cfg, config)
+
+
+def _check_seq_len(cfg: PretrainConfig, config) -> None:
+    if cfg.seq_len > config.max_sequence_length:
+        raise BertforgeError(f"--seq-len {cfg.seq_len} exceeds the {config.max_sequence_length} positions the "
+                             f"model's max_position_embeddings ({config.max_position_embeddings}) leaves")
 
 
 def _split(shards: TokenShards, cfg: PretrainConfig) -> tuple[np.ndarray, np.ndarray]:

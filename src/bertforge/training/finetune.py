@@ -21,6 +21,7 @@ import torch
 from ..data.classification import Columns
 from ..errors import BertforgeError, InputError
 from ..interop.hf import load_for_task, save_pretrained
+from ..models.config import BertConfig
 from ..models.registry import TASK_ARCHITECTURES
 from ..runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
 from ..tasks import TASKS as TASK_BUILDERS
@@ -33,6 +34,8 @@ from .runs import claim_output, report, save_run_config
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
     if Path(cfg.model).is_dir() and not cfg.tokenizer:
         return load_tokenizer(cfg.model)
+    if not Path(cfg.model).is_dir():
+        BertConfig.from_preset(cfg.model)  # a mistyped directory is called missing, not a preset
     if not cfg.tokenizer:
         raise BertforgeError(f"--model {cfg.model} is a preset: give --tokenizer DIR with its vocabulary")
     return load_tokenizer(cfg.tokenizer)
@@ -77,6 +80,7 @@ def run_finetune(cfg: FinetuneConfig, as_json: bool = True) -> dict[str, Any]:
 
     The result is printed at the end: one JSON object with `as_json`, else a readable block.
     """
+    _load_tokenizer(cfg)  # a missing model or tokenizer is refused before --out is touched
     out = claim_output(cfg, extra=("seed-*",))
     if not cfg.seeds:
         result = _run_one(cfg, out)

@@ -27,7 +27,7 @@ from ..errors import BertforgeError
 from ..interop.hf import family_of, save_pretrained
 from ..models.registry import family
 from ..runconfig import PretrainConfig, TrainConfig
-from ..tasks.pretraining import build
+from ..tasks.pretraining import build, check_model
 from ..tokenization.kinds import load_tokenizer, train_tokenizer
 from ..tokenization.tokenizer import Tokenizer
 from . import distributed as dist
@@ -123,17 +123,14 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
     The summary is printed at the end: one JSON object with `as_json`, else a readable block.
     """
     resolve_architecture(cfg)
+    check_model(cfg)  # a bad preset, checkpoint config or --seq-len is refused before --out is touched
     dist.init()
     torch.manual_seed(cfg.seed)
     out = claim_output(cfg)
     # Every rank has checked --out as the user left it; only now may rank 0 write there.
     # Without this, a slower rank sees rank 0's first files and refuses a "non-empty" directory.
     dist.barrier()
-    if dist.is_main():
-        save_run_config(out, cfg)
     shards, tokenizer = _data(cfg, out)
-    if cfg.seq_len > 512 and not (cfg.model and Path(cfg.model).is_dir()):
-        raise BertforgeError(f"seq_len (--seq-len) {cfg.seq_len} exceeds max_position_embeddings (512)")
     model, task = build(cfg, shards, tokenizer, source=", ".join(cfg.corpus) or EMBEDDED)
     run_info = {"model_config": model.config.to_dict(), "objective": cfg.objective, "seq_len": cfg.seq_len,
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "lr": cfg.lr, "warmup": cfg.warmup,
@@ -147,8 +144,10 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
               f"{n_train:,} documents for training, {n_eval:,} held out", flush=True)
         print(f"model: {model.num_parameters():,} parameters; objective {cfg.objective}; seq {cfg.seq_len}; "
               f"global batch {cfg.batch_size * cfg.grad_accum * dist.world_size()}", flush=True)
-    summary = make_trainer(model, task, TrainConfig.of(cfg), run_info, cfg.seq_len,
-                           tokenizer.pad_token_id).fit(resume=cfg.resume)
+    trainer = make_trainer(model, task, TrainConfig.of(cfg), run_info, cfg.seq_len, tokenizer.pad_token_id)
+    trainer.result_file = out / "pretrain_results.json"
+    trainer.on_start = lambda: save_run_config(out, cfg) if dist.is_main() else None
+    summary = trainer.fit(resume=cfg.resume)
     if summary.get("compile_seconds") is not None:
         print(f"jax: the step compiled in {summary['compile_seconds']:.1f} s", flush=True)
     if dist.is_main():

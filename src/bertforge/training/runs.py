@@ -5,7 +5,10 @@ Output-directory policy (one rule for every run):
 - a new or empty `--out` is used as it is;
 - a non-empty one is refused unless `--overwrite` (start again there) or `--resume` (continue
   from its last checkpoint) is given;
-- `--overwrite` removes only what a bertforge run writes there; any other file stays.
+- `--overwrite` removes only what a bertforge run writes there; any other file stays;
+- an `--out` that is, contains or lies inside one of the run's inputs (`--model`, `--tokenizer`,
+  the data) is refused, so no run can delete what it reads;
+- one run at a time: the directory is locked (`OUT/.bertforge.lock`) before anything in it changes.
 
 Each run writes `OUT/run_config.json`, the settings it ran with, which `--config` reads back.
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BertforgeError
+from ..lockfile import LOCK_NAME, check_not_in_use, lock_directory
 from ..runconfig import saved_settings
 from . import distributed as dist
 
@@ -27,8 +31,29 @@ RUN_FILES = ("checkpoints", "best", "metrics.jsonl", "curves.png", "run_config.j
 """What a run may have written in its output directory, and so what `--overwrite` may remove."""
 
 
+INPUTS = ("model", "tokenizer", "teacher", "train", "dev", "corpus")
+"""Run settings that name files or directories the run reads, which its --out must never touch."""
+
+
+def check_inputs_apart(cfg: Any, out: Path) -> None:
+    """Refuse an --out that is, contains or lies inside one of the run's inputs: writing there (and
+    --overwrite's clean-up) could destroy what the run reads."""
+    target = out.resolve()
+    for name in INPUTS:
+        value = getattr(cfg, name, None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if not item or not isinstance(item, str) or not Path(item).exists():
+                continue  # a preset name, hf:NAME, a glob or "-": nothing on disk to protect
+            source = Path(item).resolve()
+            if target == source or target in source.parents or source in target.parents:
+                relation = "is" if target == source else ("contains" if target in source.parents else "lies inside")
+                raise BertforgeError(f"--out {out} {relation} the --{name.replace('_', '-')} input {item}; writing "
+                                     "there could destroy it: choose an --out apart from the run's inputs")
+
+
 def claim_output(cfg: Any, extra: tuple[str, ...] = ()) -> Path:
-    """The run's output directory, checked against `cfg.resume` / `cfg.overwrite` (see module doc).
+    """The run's output directory, checked against `cfg.resume` / `cfg.overwrite` (see module doc) and
+    locked against a second run (`bertforge.lockfile`).
 
     `extra` names further entries this kind of run writes (e.g. finetune's `seed-*` folders).
     Call it on every rank before any rank writes, then `dist.barrier()`.
@@ -36,16 +61,19 @@ def claim_output(cfg: Any, extra: tuple[str, ...] = ()) -> Path:
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise BertforgeError(f"{out}: exists and is not a directory (out, --out)")
+    check_inputs_apart(cfg, out)
+    if dist.is_main():  # (the other ranks of this run would find rank 0's own lock)
+        check_not_in_use(out)  # a run still writing there is named first, whatever else would be said of it
     if cfg.resume:
         if not (out / "checkpoints").is_dir() and not any(out.glob("seed-*/checkpoints")):
             raise BertforgeError(f"{out}: nothing to resume (no checkpoints/ directory); the run either never "
                                  "saved or already finished")
-        return out
-    if out.exists() and any(out.iterdir()):
-        if not cfg.overwrite:
-            raise BertforgeError(f"{out}: directory exists and is not empty; pass --overwrite to start again there, "
-                                 "--resume to continue its run, or choose another --out")
-        if dist.is_main():
+    elif out.exists() and any(p.name != LOCK_NAME for p in out.iterdir()) and not cfg.overwrite:
+        raise BertforgeError(f"{out}: directory exists and is not empty; pass --overwrite to start again there, "
+                             "--resume to continue its run, or choose another --out")
+    if dist.is_main():
+        lock_directory(out)  # before anything is deleted or written: one run per directory
+        if cfg.overwrite and not cfg.resume:
             for pattern in (*RUN_FILES, *extra):
                 for target in out.glob(pattern):
                     shutil.rmtree(target) if target.is_dir() else target.unlink()

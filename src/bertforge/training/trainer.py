@@ -20,13 +20,14 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from ..errors import BertforgeError
+from ..errors import BertforgeError, NothingToDo
 from ..runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
 from . import distributed as dist
 from .checkpoint import (latest_checkpoint, load_best_weights, load_checkpoint, read_trainer_state, save_checkpoint,
@@ -77,6 +78,10 @@ class Trainer:
         # The weights of the best evaluation so far (with a select_metric), on the CPU: kept in
         # memory, and saved with each checkpoint so that a resumed run still knows them.
         self.best_weights: dict[str, torch.Tensor] | None = None
+        # The file a finished run leaves (pretrain_results.json): with it, `--resume` has nothing to do.
+        self.result_file: Path | None = None
+        # Called once the run is known to train (after that check): where the caller records its settings.
+        self.on_start: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ schedule
     def _steps_per_epoch(self, epoch: int) -> int:
@@ -127,6 +132,14 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, Any]:
         c = self.config
         step = self.resume() if resume else 0
+        # A resumed run that had already reached its stopping rule trains no further (its learning rate has
+        # decayed to zero). If it also wrote its results, there is nothing to do: say so and change nothing.
+        finished = self._stop_reason(step) if resume else None
+        if finished and self.result_file is not None and self.result_file.is_file():
+            raise NothingToDo(f"{self.out}: the run already finished at step {step} ({finished}); nothing to do. "
+                              f"To train further, start a new run from its model: --model {self.out} --out NEW")
+        if self.on_start is not None:
+            self.on_start()
         if not resume:
             self.state["horizon"] = self._initial_horizon()
             if dist.is_main() and self.metrics_file.exists():  # a fresh run's log starts empty
@@ -144,7 +157,10 @@ class Trainer:
         saved_at = step if resume else -1
         ten_steps_at = 0.0
         reported_at = time.perf_counter()
-        stop_reason = None
+        # Stopped after its last checkpoint but before its results were written: finish, without a step.
+        stop_reason = finished
+        if finished and (c.eval_every or c.eval_each_epoch):
+            last_eval = self._evaluate()  # its rows are in metrics.jsonl already; the summary needs the numbers
         while stop_reason is None:
             grad_norm, lr = self._optimizer_step(step, window)
             step += 1
