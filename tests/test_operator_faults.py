@@ -119,7 +119,7 @@ def test_one_run_per_directory(tmp_path, inputs):
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     first = subprocess.Popen([sys.executable, "-m", "bertforge",
-                              *pretrain_args(corpus, tokenizer_dir, out, "--time-budget", "25", "--save-every", "5")],
+                              *pretrain_args(corpus, tokenizer_dir, out, "--time-budget", "15", "--save-every", "5")],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         lock = out / ".bertforge.lock"
