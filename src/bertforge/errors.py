@@ -12,6 +12,7 @@ class BertforgeError(Exception):
     """Base class: a problem with the user's input, not a bug in bertforge."""
 
     exit_code = 2
+    prefix = "error: "  # how the CLI's one line starts after "bertforge: "
 
 
 class ConfigError(BertforgeError, ValueError):
@@ -33,7 +34,19 @@ class InputError(BertforgeError, ValueError):
 class NothingToDo(BertforgeError):
     """The command was asked for what is already done (`--resume` on a finished run): said in one line, exit 0."""
 
-    exit_code = 0
+    exit_code, prefix = 0, ""
+
+
+class Stopped(BertforgeError):
+    """A run stopped by a signal (SIGTERM, SIGINT, SIGUSR1) after saving a checkpoint: one line naming it and
+    the command that resumes, exit 128 + the signal's number, as a shell reports a process the signal ended."""
+
+    prefix = ""
+
+    def __init__(self, message: str, signum: int, quiet: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+        self.quiet = quiet  # the other ranks of a torchrun job: rank 0 says it once
 
 
 class MissingDependency(BertforgeError):

@@ -142,6 +142,8 @@ class OutputSettings:
     overwrite: bool = setting(False, "reuse a non-empty --out, replacing what an earlier run wrote there")
     resume: bool = setting(False, "continue the run in --out from its last checkpoint")
     save_every: int | None = setting(500, "steps between checkpoints (none: at the end only)")
+    save_every_minutes: float | None = setting(30.0, "minutes between checkpoints, whatever the step count, so "
+                                                     "that a killed run loses at most this much (none: by steps only)")
     keep_last: int = setting(2, "checkpoints kept")
     log_every: int = setting(10, "steps between metrics.jsonl rows")
     progress: bool | None = setting(None, "show a progress bar (default: when stderr is a terminal)")
@@ -154,6 +156,8 @@ class OutputSettings:
                 raise ConfigError(f"{flag(name)} must be at least 1")
         if self.save_every is not None and self.save_every < 1:
             raise ConfigError(f"{flag('save_every')} must be at least 1")
+        if self.save_every_minutes is not None and not self.save_every_minutes > 0:
+            raise ConfigError(f"{flag('save_every_minutes')} must be positive")
         if self.progress is None:
             self.progress = sys.stderr.isatty()
         _chain(self, OutputSettings)

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{where}: error: {message} (see {where} --help)", file=sys.stderr)
         return getattr(exc, "exit_code", 2)
     except BertforgeError as exc:
-        print(f"bertforge: {'error: ' if exc.exit_code else ''}{exc}", file=sys.stderr)
+        if not getattr(exc, "quiet", False):
+            print(f"bertforge: {exc.prefix}{exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("bertforge: interrupted", file=sys.stderr)

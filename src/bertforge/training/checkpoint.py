@@ -61,12 +61,15 @@ def set_rng_state(saved: dict[str, Any]) -> None:
 
 
 def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], trainer_state: dict[str, Any],
-                    keep_last: int = 2, best_weights: dict[str, torch.Tensor] | None = None) -> Path:
+                    keep_last: int = 2, best_weights: dict[str, torch.Tensor] | None = None,
+                    rank_rng: list[torch.Tensor] | None = None) -> Path:
     """Write checkpoint `step` atomically and prune older ones. Returns its directory.
 
     `write(folder)` puts the engine's files there (`torch_files` for the torch loop; the JAX loop
     writes its own); `best_weights` (a torch state dict) is the model selected so far, saved as
-    `best.safetensors`; `trainer_state` goes to `trainer_state.json` with the RNG states.
+    `best.safetensors`; `trainer_state` goes to `trainer_state.json` with the RNG states;
+    `rank_rng` (several processes) is each rank's torch RNG state, in `rank_rng.pt`: the ranks draw
+    different dropout masks, so each must resume from its own.
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
@@ -77,6 +80,8 @@ def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], traine
     write(tmp)
     if best_weights is not None:
         save_file({k: v.contiguous() for k, v in best_weights.items()}, tmp / "best.safetensors")
+    if rank_rng is not None:
+        torch.save({"torch_rng": rank_rng}, tmp / "rank_rng.pt")
     state = dict(trainer_state, step=step, rng=rng_state())
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
     if final.exists():  # the same step saved again (e.g. the final save right after a periodic one)
@@ -124,6 +129,19 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         torch.cuda.set_rng_state_all(tensors["cuda_rng"])
     set_rng_state(state["rng"])
     return state
+
+
+def load_rank_rng(path: Path, rank: int, world: int) -> None:
+    """Restore this rank's torch RNG state from checkpoint `path`, when it holds one per rank of this world."""
+    file = path / "rank_rng.pt"
+    if not file.is_file():
+        return
+    try:
+        states = torch.load(file, map_location="cpu", weights_only=True)["torch_rng"]
+    except (OSError, RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"{file}: cannot read ({exc})") from None
+    if len(states) == world:
+        torch.set_rng_state(states[rank])
 
 
 def load_best_weights(path: Path) -> dict[str, torch.Tensor] | None:

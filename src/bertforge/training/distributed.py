@@ -91,6 +91,17 @@ def broadcast_int(value: int) -> int:
     return int(t.item())
 
 
+def gather_cpu(t: torch.Tensor) -> list[torch.Tensor] | None:
+    """Every rank's copy of a small CPU tensor of one shape (e.g. its RNG state), in rank order; None
+    when not distributed. Every rank must call it."""
+    if not is_distributed():
+        return None
+    on = device() if device().type == "cuda" else torch.device("cpu")
+    parts = [torch.empty_like(t, device=on) for _ in range(world_size())]
+    dist.all_gather(parts, t.to(on))
+    return [p.cpu() for p in parts]
+
+
 def cleanup() -> None:
     if is_distributed():
         dist.destroy_process_group()

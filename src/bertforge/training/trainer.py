@@ -18,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shlex
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -27,11 +30,11 @@ from typing import Any, Protocol
 
 import torch
 
-from ..errors import BertforgeError, NothingToDo
+from ..errors import BertforgeError, NothingToDo, Stopped
 from ..runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
 from . import distributed as dist
-from .checkpoint import (latest_checkpoint, load_best_weights, load_checkpoint, read_trainer_state, save_checkpoint,
-                         torch_files)
+from .checkpoint import (latest_checkpoint, load_best_weights, load_checkpoint, load_rank_rng, read_trainer_state,
+                         save_checkpoint, torch_files)
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 
 
@@ -119,6 +122,7 @@ class Trainer:
             raise BertforgeError(f"{path}: cannot resume: '{k}' was {saved_run.get(k)!r} and is now "
                                  f"{self.run_info.get(k)!r}; resume with the same settings, or start a new --out")
         state = self._load_checkpoint(path)
+        load_rank_rng(path, self.rank, self.world)
         self.best_weights = load_best_weights(path)
         self.state.update({k: state[k] for k in ("epoch", "position", "horizon", "elapsed", "best", "best_step",
                                                  "stale_evals", "best_metrics") if k in state})
@@ -130,6 +134,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self, resume: bool = False) -> dict[str, Any]:
+        """Train to the stopping rule. SIGTERM, SIGINT and SIGUSR1 (what schedulers and Ctrl-C send) end the
+        current optimizer step, save a checkpoint and raise `Stopped`, naming it and the command that resumes."""
+        with _StopSignals() as signals:
+            self._signals = signals
+            return self._fit(resume)
+
+    def _fit(self, resume: bool) -> dict[str, Any]:
         c = self.config
         step = self.resume() if resume else 0
         # A resumed run that had already reached its stopping rule trains no further (its learning rate has
@@ -159,6 +170,7 @@ class Trainer:
         reported_at = time.perf_counter()
         # Stopped after its last checkpoint but before its results were written: finish, without a step.
         stop_reason = finished
+        self._saved_clock = time.monotonic()
         if finished and (c.eval_every or c.eval_each_epoch):
             last_eval = self._evaluate()  # its rows are in metrics.jsonl already; the summary needs the numbers
         while stop_reason is None:
@@ -205,9 +217,17 @@ class Trainer:
                         reported_at = now
             if bar is not None:
                 bar.update(1)
-            if (c.save_every and step % c.save_every == 0) or stop_reason:
+            # Rank 0's signal and clock decide, so every rank stops (or saves) at the same step.
+            minutes = (time.monotonic() - self._saved_clock) / 60
+            flags = dist.broadcast_int((1 if self._signals.received else 0)
+                                       | (2 if c.save_every_minutes and minutes >= c.save_every_minutes else 0))
+            if (c.save_every and step % c.save_every == 0) or stop_reason or flags:
                 self._save(step)
                 saved_at = step
+            if flags & 1 and stop_reason is None:
+                if bar is not None:
+                    bar.close()
+                raise self._stopped(step)
         if bar is not None:
             bar.close()
         if saved_at != step:
@@ -329,11 +349,27 @@ class Trainer:
         dist.barrier()
         return result
 
+    def _stopped(self, step: int) -> Stopped:
+        """What a signal ends the run with: the checkpoint just written, and how to go on from it."""
+        signum = self._signals.received or signal.SIGTERM
+        if Path(sys.argv[0]).name in ("bertforge", "__main__.py"):  # the CLI (or `python -m bertforge`)
+            args = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
+            if self.world > 1:  # the launcher's own options are not ours to know
+                how = "resume by launching it as before: torchrun ... " + shlex.join(["-m", "bertforge", *args, "--resume"])
+            else:
+                how = "resume with: " + shlex.join(["bertforge", *args, "--resume"])
+        else:
+            how = "resume with the same settings and resume=True"
+        return Stopped(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint "
+                       f"{latest_checkpoint(self.checkpoints)} saved; {how}", signum, quiet=not dist.is_main())
+
     def _save(self, step: int) -> None:
+        self._saved_clock = time.monotonic()
+        rank_rng = dist.gather_cpu(torch.get_rng_state())  # every rank's dropout stream, not rank 0's alone
         if dist.is_main():
             state = dict(self.state, run=self.run_info, config=asdict(self.config))
             save_checkpoint(self.checkpoints, step, self._checkpoint_files(), state, self.config.keep_last,
-                            best_weights=self.best_weights)
+                            best_weights=self.best_weights, rank_rng=rank_rng)
         dist.barrier()
 
     def _log(self, row: dict[str, Any]) -> None:
@@ -348,6 +384,34 @@ class Trainer:
 
 
 REPORT_EVERY_S = 30.0  # seconds between progress lines on stderr when no progress bar is shown
+
+
+class _StopSignals:
+    """While training, SIGTERM, SIGINT and SIGUSR1 only note that a stop was asked for (the first one's number):
+    the loop stops at the end of its optimizer step, after a checkpoint. A second signal while that checkpoint is
+    written changes nothing, so it cannot cut the save short. The previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _note(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+            print(f"bertforge: {signal.Signals(signum).name} received: stopping after this step, with a checkpoint",
+                  file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():  # Python delivers signals to the main thread only
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def progress_line(step: int, horizon: int | None, row: dict[str, Any]) -> str:

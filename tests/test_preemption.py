@@ -1,0 +1,166 @@
+"""Preemption-safe runs: SIGTERM, SIGINT and SIGUSR1 save a checkpoint and say how to resume; the resumed run
+ends bitwise equal to an uninterrupted twin; checkpoints also come by the clock (--save-every-minutes).
+
+Real processes, real signals: each run is started with the CLI, stopped at a step it has reached (read
+from its metrics.jsonl), resumed with the command it printed, and compared with a run nobody stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from bertforge import BertConfig, BertModel, Tokenizer
+
+from corpus_utils import write_corpus
+
+ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> tuple[Path, Path]:
+    """A small corpus and a WordPiece vocabulary trained on it."""
+    root = tmp_path_factory.mktemp("inputs")
+    text = write_corpus(root / "corpus.txt", n_docs=120, seed=9)
+    Tokenizer.train([text], vocab_size=300, min_frequency=1).save(root / "tok")
+    return text, root / "tok"
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, env=ENV,
+                          timeout=600)
+
+
+def stop_at(args: list[str], out: Path, after_step: int, sig: int) -> subprocess.CompletedProcess:
+    """Start the run, send `sig` once its metrics.jsonl shows `after_step`, and wait for it to end."""
+    proc = subprocess.Popen([sys.executable, "-m", "bertforge", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        rows = metrics.read_text().splitlines() if metrics.is_file() else []
+        if rows and json.loads(rows[-1])["step"] >= after_step:
+            break
+        time.sleep(0.02)
+    sent = time.time()
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert time.time() - sent < 60, "the run took more than a minute to stop"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def resume_command(stderr: str) -> list[str]:
+    """The command the stopped run printed, as arguments for `python -m bertforge`."""
+    line = next(line for line in stderr.splitlines() if "resume with: " in line)
+    words = shlex.split(line.split("resume with: ", 1)[1])
+    assert words[0] == "bertforge" and words[-1] == "--resume"
+    return words[1:]
+
+
+def pretrain_args(inputs, out: Path, *extra: str) -> list[str]:
+    corpus, tok = inputs
+    return ["pretrain", str(corpus), "--tokenizer", str(tok), "--model", "L2-H64", "--seq-len", "32",
+            "--batch-size", "8", "--workers", "1", "--max-steps", "80", "--save-every", "1000", "--log-every", "1",
+            "--eval-every", "40", "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("sig, after", [(signal.SIGTERM, 7), (signal.SIGUSR1, 23)])
+def test_pretrain_stopped_by_a_signal_resumes_bit_for_bit(tmp_path, inputs, sig, after):
+    whole = tmp_path / "whole"
+    assert run(pretrain_args(inputs, whole)).returncode == 0
+    out = tmp_path / "stopped"
+    stopped = stop_at(pretrain_args(inputs, out), out, after, sig)
+    name = signal.Signals(sig).name
+    assert stopped.returncode == 128 + sig, stopped.stderr
+    line = next(line for line in stopped.stderr.splitlines() if line.startswith("bertforge: stopped by"))
+    step = int(line.split(" at step ")[1].split(";")[0])
+    assert line.startswith(f"bertforge: stopped by {name} at step {step}; checkpoint ")
+    assert (out / "checkpoints" / f"step-{step:08d}").is_dir() and "Traceback" not in stopped.stderr
+    assert step < 80 and not (out / "model.safetensors").exists()
+    resumed = run(resume_command(stopped.stderr))
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_finetune_stopped_by_ctrl_c_resumes_bit_for_bit(tmp_path, inputs):
+    from conftest import shared
+    from test_finetune import slice_file
+
+    tok = Tokenizer.from_pretrained(inputs[1])
+    model = tmp_path / "base"
+    BertModel(BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size)).save_pretrained(model, tokenizer=tok)
+    train = slice_file(shared("glue", "SST-2", "train.tsv"), tmp_path / "train", 400)
+    dev = slice_file(shared("glue", "SST-2", "dev.tsv"), tmp_path / "dev", 60)
+
+    def args(out: Path) -> list[str]:
+        return ["finetune", "classify", "--model", str(model), "--train", str(train), "--dev", str(dev),
+                "--out", str(out), "--epochs", "3", "--batch-size", "8", "--seq-len", "48", "--save-every", "1000",
+                "--log-every", "1", "--seed", "4"]
+
+    whole = tmp_path / "whole"
+    assert run(args(whole)).returncode == 0
+    out = tmp_path / "stopped"
+    stopped = stop_at(args(out), out, 30, signal.SIGINT)
+    assert stopped.returncode == 130 and "bertforge: stopped by SIGINT at step" in stopped.stderr, stopped.stderr
+    assert "interrupted" not in stopped.stderr and "Traceback" not in stopped.stderr
+    resumed = run(resume_command(stopped.stderr))
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(bool((a[k] == b[k]).all()) for k in a)
+    assert json.loads((whole / "eval_results.json").read_text())["accuracy"] == \
+        json.loads((out / "eval_results.json").read_text())["accuracy"]
+
+
+def test_checkpoints_by_the_clock(tmp_path, inputs):
+    """--save-every-minutes saves however few steps have passed (here about every 60 ms)."""
+    out = tmp_path / "run"
+    result = run(pretrain_args(inputs, out, "--save-every-minutes", "0.001", "--keep-last", "1000"))
+    assert result.returncode == 0, result.stderr
+    steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())
+    assert len(steps) > 2 and steps[-1] == 80  # saved along the way, though --save-every is 1000
+
+
+def test_save_every_minutes_must_be_positive(tmp_path, inputs):
+    result = run(pretrain_args(inputs, tmp_path / "run", "--save-every-minutes", "0"))
+    assert result.returncode == 2 and "save_every_minutes (--save-every-minutes) must be positive" in result.stderr
+
+
+def test_a_torchrun_job_stops_at_one_step_and_resumes_bit_for_bit(tmp_path, inputs):
+    """SIGTERM to torchrun reaches both processes; rank 0's decides the step, so both stop at it and one
+    checkpoint is written; the job launched again with --resume ends as the job nobody stopped."""
+    corpus, tok = inputs
+
+    def torchrun(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                "bertforge", "pretrain", str(corpus), "--tokenizer", str(tok), "--model", "L2-H64", "--seq-len", "32",
+                "--batch-size", "4", "--max-steps", "150", "--save-every", "1000", "--log-every", "1", "--workers",
+                "1", "--out", str(out), *extra]
+
+    whole = tmp_path / "whole"
+    assert subprocess.run(torchrun(whole), capture_output=True, text=True, env=ENV, timeout=600).returncode == 0
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen(torchrun(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    metrics = out / "metrics.jsonl"
+    while proc.poll() is None and not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 20):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    lines = [line for line in stderr.splitlines() if line.startswith("bertforge: stopped by SIGTERM at step ")]
+    assert len(lines) == 1, stderr  # rank 0 says it once
+    step = int(lines[0].split(" at step ")[1].split(";")[0])
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step-{step:08d}"] and step < 150
+    assert "torchrun ... -m bertforge pretrain" in lines[0]
+    resumed = subprocess.run(torchrun(out, "--resume"), capture_output=True, text=True, env=ENV, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(bool((a[k] == b[k]).all()) for k in a)
