@@ -129,3 +129,16 @@ def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory) -> tuple[Path, Path]:
+    """What a small pretraining run reads: a generated corpus, and a WordPiece vocabulary trained on it."""
+    from corpus_utils import write_corpus
+
+    from bertforge import Tokenizer
+
+    root = tmp_path_factory.mktemp("inputs")
+    text = write_corpus(root / "corpus.txt", n_docs=120, seed=5)
+    Tokenizer.train([text], vocab_size=300, min_frequency=1).save(root / "tok")
+    return text, root / "tok"

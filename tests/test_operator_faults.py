@@ -19,7 +19,6 @@ import pytest
 
 from bertforge import BertConfig, BertForSequenceClassification, Tokenizer
 
-from corpus_utils import write_corpus
 
 
 def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -34,24 +33,15 @@ def snapshot(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".bertforge.lock"}
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> tuple[Path, Path]:
-    """What the runs read: a small corpus, and a WordPiece vocabulary trained on it."""
-    root = tmp_path_factory.mktemp("inputs")
-    text = write_corpus(root / "corpus.txt", n_docs=120, seed=5)
-    Tokenizer.train([text], vocab_size=300, min_frequency=1).save(root / "tok")
-    return text, root / "tok"
-
-
 def pretrain_args(corpus: Path, tokenizer_dir: Path, out: Path, *extra: str) -> list[str]:
     return ["pretrain", str(corpus), "--tokenizer", str(tokenizer_dir), "--model", "L2-H64", "--seq-len", "32",
             "--batch-size", "8", "--workers", "1", "--out", str(out), *extra]
 
 
 @pytest.fixture()
-def model_dir(tmp_path, inputs) -> Path:
+def model_dir(tmp_path, run_inputs) -> Path:
     """A user's classifier, with its tokenizer: what a fine-tuning run reads."""
-    tokenizer_dir = inputs[1]
+    tokenizer_dir = run_inputs[1]
     path = tmp_path / "my-model"
     model = BertForSequenceClassification(BertConfig.from_preset("L2-H64", vocab_size=300))
     model.save_pretrained(path, tokenizer=Tokenizer.from_pretrained(tokenizer_dir))
@@ -73,18 +63,18 @@ def test_an_out_that_touches_the_model_is_refused_and_the_model_kept(tmp_path, m
     assert snapshot(model_dir) == before and not (model_dir / "finetuned").exists()
 
 
-def test_an_out_that_holds_the_tokenizer_is_refused(tmp_path, inputs):
-    corpus, tokenizer_dir = inputs
+def test_an_out_that_holds_the_tokenizer_is_refused(tmp_path, run_inputs):
+    corpus, tokenizer_dir = run_inputs
     before = snapshot(tokenizer_dir)
     result = cli(*pretrain_args(corpus, tokenizer_dir, tokenizer_dir.parent, "--overwrite", "--max-steps", "1"))
     assert result.returncode == 2 and "contains the --tokenizer input" in result.stderr, result.stderr
     assert snapshot(tokenizer_dir) == before
 
 
-def test_resume_on_a_finished_run_changes_nothing(tmp_path, inputs):
+def test_resume_on_a_finished_run_changes_nothing(tmp_path, run_inputs):
     """It used to train one more step at learning rate 0 each time and, with --keep-last, delete the run's final
     checkpoints."""
-    corpus, tokenizer_dir = inputs
+    corpus, tokenizer_dir = run_inputs
     out = tmp_path / "run"
     args = pretrain_args(corpus, tokenizer_dir, out, "--max-steps", "4", "--save-every", "2", "--keep-last", "2")
     assert cli(*args).returncode == 0
@@ -98,9 +88,9 @@ def test_resume_on_a_finished_run_changes_nothing(tmp_path, inputs):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
 
 
-def test_a_run_killed_after_its_last_checkpoint_finishes_on_resume(tmp_path, inputs):
+def test_a_run_killed_after_its_last_checkpoint_finishes_on_resume(tmp_path, run_inputs):
     """Results missing but the final checkpoint there: --resume writes the results without another step."""
-    corpus, tokenizer_dir = inputs
+    corpus, tokenizer_dir = run_inputs
     out = tmp_path / "run"
     args = pretrain_args(corpus, tokenizer_dir, out, "--max-steps", "4", "--save-every", "2")
     assert cli(*args).returncode == 0
@@ -113,9 +103,9 @@ def test_a_run_killed_after_its_last_checkpoint_finishes_on_resume(tmp_path, inp
     assert snapshot(out / "checkpoints") == final  # no step 5, nothing pruned
 
 
-def test_one_run_per_directory(tmp_path, inputs):
+def test_one_run_per_directory(tmp_path, run_inputs):
     """A second run into a directory another run is writing is refused naming it; the first finishes intact."""
-    corpus, tokenizer_dir = inputs
+    corpus, tokenizer_dir = run_inputs
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     first = subprocess.Popen([sys.executable, "-m", "bertforge",
@@ -137,8 +127,8 @@ def test_one_run_per_directory(tmp_path, inputs):
     assert (out / "model.safetensors").is_file() and lock.read_text() == ""  # released cleanly at the end
 
 
-def test_a_dead_runs_lock_is_taken_over_with_a_warning(tmp_path, inputs):
-    corpus, tokenizer_dir = inputs
+def test_a_dead_runs_lock_is_taken_over_with_a_warning(tmp_path, run_inputs):
+    corpus, tokenizer_dir = run_inputs
     out = tmp_path / "run"
     out.mkdir()
     (out / ".bertforge.lock").write_text("pid 999999 on elsewhere, since 2026-01-01 00:00:00")
@@ -152,9 +142,9 @@ def test_a_dead_runs_lock_is_taken_over_with_a_warning(tmp_path, inputs):
     (["--model", "runs/clff"], "runs/clff: no such checkpoint directory, and not a model preset"),
     (["--model", "L2-H64", "--seq-len", "600"], "--seq-len 600 exceeds the 512 positions"),
 ])
-def test_bad_model_settings_are_refused_before_out_is_written(tmp_path, inputs, args, message):
+def test_bad_model_settings_are_refused_before_out_is_written(tmp_path, run_inputs, args, message):
     """The corrected re-run must not then be refused as "directory exists"."""
-    corpus, tokenizer_dir = inputs
+    corpus, tokenizer_dir = run_inputs
     out = tmp_path / "run"
     result = cli("pretrain", str(corpus), "--tokenizer", str(tokenizer_dir), *args, "--max-steps", "2", "--out", str(out))
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -21,18 +21,8 @@ from safetensors.torch import load_file
 
 from bertforge import BertConfig, BertModel, Tokenizer
 
-from corpus_utils import write_corpus
 
 ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> tuple[Path, Path]:
-    """A small corpus and a WordPiece vocabulary trained on it."""
-    root = tmp_path_factory.mktemp("inputs")
-    text = write_corpus(root / "corpus.txt", n_docs=120, seed=9)
-    Tokenizer.train([text], vocab_size=300, min_frequency=1).save(root / "tok")
-    return text, root / "tok"
 
 
 def run(args: list[str]) -> subprocess.CompletedProcess:
@@ -66,19 +56,19 @@ def resume_command(stderr: str) -> list[str]:
     return words[1:]
 
 
-def pretrain_args(inputs, out: Path, *extra: str) -> list[str]:
-    corpus, tok = inputs
+def pretrain_args(run_inputs, out: Path, *extra: str) -> list[str]:
+    corpus, tok = run_inputs
     return ["pretrain", str(corpus), "--tokenizer", str(tok), "--model", "L2-H64", "--seq-len", "32",
             "--batch-size", "8", "--workers", "1", "--max-steps", "80", "--save-every", "1000", "--log-every", "1",
             "--eval-every", "40", "--out", str(out), *extra]
 
 
 @pytest.mark.parametrize("sig, after", [(signal.SIGTERM, 7), (signal.SIGUSR1, 23)])
-def test_pretrain_stopped_by_a_signal_resumes_bit_for_bit(tmp_path, inputs, sig, after):
+def test_pretrain_stopped_by_a_signal_resumes_bit_for_bit(tmp_path, run_inputs, sig, after):
     whole = tmp_path / "whole"
-    assert run(pretrain_args(inputs, whole)).returncode == 0
+    assert run(pretrain_args(run_inputs, whole)).returncode == 0
     out = tmp_path / "stopped"
-    stopped = stop_at(pretrain_args(inputs, out), out, after, sig)
+    stopped = stop_at(pretrain_args(run_inputs, out), out, after, sig)
     name = signal.Signals(sig).name
     assert stopped.returncode == 128 + sig, stopped.stderr
     line = next(line for line in stopped.stderr.splitlines() if line.startswith("bertforge: stopped by"))
@@ -92,11 +82,11 @@ def test_pretrain_stopped_by_a_signal_resumes_bit_for_bit(tmp_path, inputs, sig,
     assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
 
 
-def test_finetune_stopped_by_ctrl_c_resumes_bit_for_bit(tmp_path, inputs):
+def test_finetune_stopped_by_ctrl_c_resumes_bit_for_bit(tmp_path, run_inputs):
     from conftest import shared
     from test_finetune import slice_file
 
-    tok = Tokenizer.from_pretrained(inputs[1])
+    tok = Tokenizer.from_pretrained(run_inputs[1])
     model = tmp_path / "base"
     BertModel(BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size)).save_pretrained(model, tokenizer=tok)
     train = slice_file(shared("glue", "SST-2", "train.tsv"), tmp_path / "train", 400)
@@ -121,24 +111,24 @@ def test_finetune_stopped_by_ctrl_c_resumes_bit_for_bit(tmp_path, inputs):
         json.loads((out / "eval_results.json").read_text())["accuracy"]
 
 
-def test_checkpoints_by_the_clock(tmp_path, inputs):
+def test_checkpoints_by_the_clock(tmp_path, run_inputs):
     """--save-every-minutes saves however few steps have passed (here about every 60 ms)."""
     out = tmp_path / "run"
-    result = run(pretrain_args(inputs, out, "--save-every-minutes", "0.001", "--keep-last", "1000"))
+    result = run(pretrain_args(run_inputs, out, "--save-every-minutes", "0.001", "--keep-last", "1000"))
     assert result.returncode == 0, result.stderr
     steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())
     assert len(steps) > 2 and steps[-1] == 80  # saved along the way, though --save-every is 1000
 
 
-def test_save_every_minutes_must_be_positive(tmp_path, inputs):
-    result = run(pretrain_args(inputs, tmp_path / "run", "--save-every-minutes", "0"))
+def test_save_every_minutes_must_be_positive(tmp_path, run_inputs):
+    result = run(pretrain_args(run_inputs, tmp_path / "run", "--save-every-minutes", "0"))
     assert result.returncode == 2 and "save_every_minutes (--save-every-minutes) must be positive" in result.stderr
 
 
-def test_a_torchrun_job_stops_at_one_step_and_resumes_bit_for_bit(tmp_path, inputs):
+def test_a_torchrun_job_stops_at_one_step_and_resumes_bit_for_bit(tmp_path, run_inputs):
     """SIGTERM to torchrun reaches both processes; rank 0's decides the step, so both stop at it and one
     checkpoint is written; the job launched again with --resume ends as the job nobody stopped."""
-    corpus, tok = inputs
+    corpus, tok = run_inputs
 
     def torchrun(out: Path, *extra: str) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
