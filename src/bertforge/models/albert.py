@@ -119,10 +119,8 @@ class AlbertForPreTraining(AlbertHead, BertForPreTraining):
 
     hf_architecture = "AlbertForPreTraining"
 
-    def __init__(self, config: AlbertConfig) -> None:
-        super().__init__(config)
-        self.nsp = SentenceOrderHead(config)
-        self.init_weights()
+    def sentence_head(self, config: AlbertConfig) -> nn.Module:
+        return SentenceOrderHead(config)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,

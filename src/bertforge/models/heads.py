@@ -150,8 +150,12 @@ class BertForPreTraining(HeadModel):
         self.config = config
         self._add_backbone(config)
         self.mlm = MaskedLMHead(config, self.mlm_activation)
-        self.nsp = nn.Linear(config.hidden_size, 2)
+        self.nsp = self.sentence_head(config)
         self.init_weights()
+
+    def sentence_head(self, config: BertConfig) -> nn.Module:
+        """The second pretraining head, on the pooled [CLS]: BERT's NSP is one Linear(H, 2) (ALBERT's differs)."""
+        return nn.Linear(config.hidden_size, 2)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
