@@ -154,3 +154,76 @@ def test_a_torchrun_job_stops_at_one_step_and_resumes_bit_for_bit(tmp_path, run_
     assert resumed.returncode == 0, resumed.stderr
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def eval_rows(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k.startswith("eval_") or k == "step"} for r in rows
+            if any(k.startswith("eval_") for k in r)]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    return x.keys() == y.keys() and all(bool((x[k] == y[k]).all()) for k in x)
+
+
+def test_a_signal_during_evaluation_or_a_checkpoint_write(tmp_path, run_inputs, monkeypatch, capsys):
+    """In one process, so the signal lands at an exact place: inside the held-out evaluation's first forward
+    pass, and between the two files of a checkpoint (with a second signal on top). Either way the run finishes
+    what it is doing, saves, names --resume, and the resumed run is bitwise the uninterrupted one, evaluations
+    included."""
+    from bertforge.cli import main
+    from bertforge.tasks.pretraining import PretrainingTask
+    from bertforge.training import trainer as trainer_module
+    from bertforge.training.checkpoint import read_trainer_state
+
+    def args(out: Path) -> list[str]:
+        return pretrain_args(run_inputs, out, "--max-steps", "50", "--eval-every", "20", "--save-every", "15")
+
+    whole = tmp_path / "whole"
+    assert main(args(whole)) == 0
+
+    # 1. SIGTERM inside the evaluation at step 20: it finishes, the checkpoint follows, the run stops at 20.
+    evaluate = PretrainingTask.evaluate
+
+    def evaluate_with_a_signal(self, model):
+        def hook(module, inputs):
+            handle.remove()
+            os.kill(os.getpid(), signal.SIGTERM)
+        handle = model.register_forward_pre_hook(hook)
+        return evaluate(self, model)
+
+    monkeypatch.setattr(PretrainingTask, "evaluate", evaluate_with_a_signal)
+    during_eval = tmp_path / "during-eval"
+    capsys.readouterr()
+    assert main(args(during_eval)) == 128 + signal.SIGTERM
+    stderr = capsys.readouterr().err
+    assert "bertforge: stopped by SIGTERM at step 20; checkpoint " in stderr, stderr
+    monkeypatch.setattr(PretrainingTask, "evaluate", evaluate)
+    assert main(resume_command(stderr)) == 0
+    assert same_weights(whole, during_eval) and eval_rows(whole) == eval_rows(during_eval)
+
+    # 2. SIGTERM, then SIGINT, between the model file and the optimizer state of the checkpoint at step 15.
+    torch_files = trainer_module.torch_files
+
+    def files_with_signals(model, optimizer):
+        write = torch_files(model, optimizer)
+
+        def interrupted(folder: Path) -> None:
+            model.save_pretrained(folder)
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)  # a second signal must not cut the save short
+            write(folder)
+        return interrupted
+
+    monkeypatch.setattr(trainer_module, "torch_files", files_with_signals)
+    during_save = tmp_path / "during-save"
+    assert main(args(during_save)) == 128 + signal.SIGTERM
+    stderr = capsys.readouterr().err
+    assert "bertforge: stopped by SIGTERM at step 16; checkpoint " in stderr, stderr
+    saved = sorted(p.name for p in (during_save / "checkpoints").iterdir())
+    assert saved == ["step-00000015", "step-00000016"]  # both whole; no temporary directory left
+    assert read_trainer_state(during_save / "checkpoints" / "step-00000015")["step"] == 15
+    monkeypatch.setattr(trainer_module, "torch_files", torch_files)
+    assert main(resume_command(stderr)) == 0
+    assert same_weights(whole, during_save) and eval_rows(whole) == eval_rows(during_save)

@@ -19,7 +19,7 @@ import sys
 
 import typer
 
-from .. import __version__
+from .. import __version__, invocation
 from ..errors import BertforgeError
 from .commands import app
 
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="bertforge: %(levelname)s: %(message)s", force=True)
     command = build_command()
     args = sys.argv[1:] if argv is None else list(argv)
+    invocation.cli_args = args  # for the messages that give the command to run next
     try:
         result = command.main(args=args, prog_name="bertforge", standalone_mode=False)
         return result if isinstance(result, int) else 0

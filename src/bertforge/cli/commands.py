@@ -270,7 +270,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
 def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = 1_000_000,
           max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 0.0, max_batch_tokens: int = 16_384,
           max_concurrent_requests: int = 512, api_key: str | None = None,
-          served_model_name: str | None = None,
+          served_model_name: str | None = None, shutdown_grace_s: float = 25.0,
           backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0]) -> None:
     """Serve a model over HTTP: bertforge's, TEI's and OpenAI's APIs, rerank, metrics.
 
@@ -294,6 +294,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         max_concurrent_requests: requests in flight; one more gets 429 at once
         api_key: require 'Authorization: Bearer KEY' on every endpoint but /health and the API docs
         served_model_name: the name /v1/embeddings and /info use (default: the directory's name)
+        shutdown_grace_s: on SIGTERM or Ctrl-C, new requests get 503 and those in flight get this many seconds
+            to finish before the server exits (0, the default exit status); a second signal stops at once
         backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
             torch (eager, as models/bert.py reads), compiled
             (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
@@ -311,7 +313,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
                                          batch_wait_ms=batch_wait_ms, max_batch_tokens=max_batch_tokens,
                                          max_concurrent_requests=max_concurrent_requests,
                                          api_key=api_key or os.environ.get("BERTFORGE_API_KEY") or None,
-                                         served_model_name=served_model_name, backend=backend))
+                                         served_model_name=served_model_name, backend=backend),
+               shutdown_grace_s=shutdown_grace_s)
 
 
 @command(app, "attention")

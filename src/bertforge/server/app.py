@@ -4,14 +4,18 @@ operational endpoints (/health, /info, /metrics, offline /docs). The model endpo
 """
 
 
+import errno
 import logging
 import secrets
+import signal
+import socket
 import sys
 import time
 from pathlib import Path
 
 from .batching import Admission, Overloaded, TokenBatcher
 from .metrics import ServerMetrics, route_label
+from ..errors import InputError
 from .schemas import DIALECT, Refused
 from .service import Limits, Service
 
@@ -40,8 +44,49 @@ def swagger_static() -> Path:
     return Path(swagger_ui.__file__).parent / "static"
 
 
-def create_app(model_dir: str, limits: Limits | None = None):
-    """The FastAPI application for one checkpoint directory."""
+class Drain:
+    """The server's orderly stop. Once `begin` is called (the first SIGTERM or Ctrl-C), every new request
+    is answered 503 and the server exits when the requests already in flight have finished, or when
+    `grace_s` has passed. `in_flight` counts the requests the application is answering now."""
+
+    QUIET_S = 0.25  # a request can be on the wire when the last one ends: wait this long with none in flight
+
+    def __init__(self, grace_s: float = 25.0) -> None:
+        self.grace_s = grace_s
+        self.since: float | None = None
+        self.in_flight = 0
+        self.finished_after = 0  # requests that were in flight at the signal and finished since
+        self.last_seen = 0.0
+
+    @property
+    def draining(self) -> bool:
+        return self.since is not None
+
+    def begin(self, signum: int) -> None:
+        self.since = self.last_seen = time.monotonic()
+        print(f"bertforge: {signal.Signals(signum).name} received: draining; new requests get 503, "
+              f"{self.in_flight} in flight finish within {self.grace_s:g} s (--shutdown-grace-s); "
+              "a second signal stops at once", file=sys.stderr, flush=True)
+
+    def done(self) -> bool:
+        """True once the drain is over: nothing in flight for QUIET_S, or the grace period spent."""
+        now = time.monotonic()
+        if self.since is None:
+            return False
+        if self.in_flight == 0 and now - self.last_seen >= self.QUIET_S:
+            print(f"bertforge: drained ({self.finished_after} requests finished after the signal); stopped",
+                  file=sys.stderr, flush=True)
+            return True
+        if now - self.since >= self.grace_s:
+            print(f"bertforge: --shutdown-grace-s {self.grace_s:g} s passed with {self.in_flight} requests in flight;"
+                  " they are cut off", file=sys.stderr, flush=True)
+            return True
+        return False
+
+
+def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None = None):
+    """The FastAPI application for one checkpoint directory. `drain` (from `serve`) turns new requests
+    away with 503 once a stop has begun."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.openapi.docs import get_swagger_ui_html
@@ -53,6 +98,7 @@ def create_app(model_dir: str, limits: Limits | None = None):
     from . import routes
 
     limits = limits or Limits()
+    drain = drain or Drain()
     service = Service(model_dir, limits)
     metrics = ServerMetrics()
     admission = Admission(limits.max_concurrent_requests)
@@ -82,6 +128,24 @@ def create_app(model_dir: str, limits: Limits | None = None):
     async def guard(request: Request, call_next):
         started = time.perf_counter()
         path = request.url.path
+        if drain.draining:
+            # Health answers 503 too, so a load balancer or readiness probe takes this replica out.
+            drain.last_seen = time.monotonic()
+            response = error_response(path, 503, "the server is shutting down; send this request to another "
+                                                 "replica or retry once it is back", {"Connection": "close",
+                                                                                     "Retry-After": "1"})
+            metrics.track(route_label(request.scope), 503, time.perf_counter() - started)
+            return response
+        drain.in_flight += 1
+        try:
+            return await answer(request, call_next, path, started)
+        finally:
+            drain.in_flight -= 1
+            drain.last_seen = time.monotonic()
+            if drain.draining:
+                drain.finished_after += 1
+
+    async def answer(request: Request, call_next, path: str, started: float):
         # The key guards the model and its traffic; liveness and the API's own description stay open.
         if limits.api_key and path not in OPEN_PATHS and not path.startswith("/docs-static/"):
             given = request.headers.get("authorization", "")
@@ -157,15 +221,66 @@ def create_app(model_dir: str, limits: Limits | None = None):
     return app
 
 
-def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None) -> None:
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), made before the model loads: a port in use is refused in one line at
+    once, and "serving ... on" is printed only once the address is ours."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise InputError(f"--host {host}: cannot be resolved ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart need not wait out TIME_WAIT
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        hint = ("another process is listening there: stop it or choose another --port" if exc.errno == errno.EADDRINUSE
+                else "binding a port below 1024 needs root: choose another --port" if exc.errno == errno.EACCES
+                else "check --host and --port")
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from None
+    return sock
+
+
+def _draining_server(config, drain: Drain, announce: str):
+    """uvicorn's Server, stopping as TEI and Kubernetes expect: the first SIGTERM or SIGINT begins a drain (new
+    requests 503, those in flight finish, then exit 0); a second one stops at once, as uvicorn does."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not drain.draining and not self.should_exit:
+                drain.begin(sig)
+                return
+            super().handle_exit(sig, frame)  # stop now; uvicorn re-raises the signal as it exits (status 128 + n)
+
+        async def on_tick(self, counter: int) -> bool:
+            return drain.done() or await super().on_tick(counter)
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(announce, file=sys.stderr, flush=True)
+
+    return DrainingServer(config)
+
+
+def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
+          shutdown_grace_s: float = 25.0) -> None:
+    """Serve `model_dir` until a signal: SIGTERM or Ctrl-C drains (see `Drain`) and returns normally."""
     import uvicorn
 
     limits = limits or Limits()
+    if shutdown_grace_s < 0:
+        raise InputError("--shutdown-grace-s must be >= 0")
     if host not in ("127.0.0.1", "localhost", "::1") and not limits.api_key:
         log.warning("serving on %s: reachable from other machines, and no --api-key is set", host)
-    app = create_app(model_dir, limits)
+    sock = listening_socket(host, port)
+    drain = Drain(shutdown_grace_s)
+    app = create_app(model_dir, limits, drain)
     shown = f"[{host}]" if ":" in host else host
-    print(f"bertforge: serving {model_dir} on http://{shown}:{port} (endpoints at /health and /info, API docs at "
-          "/docs, metrics at /metrics); Ctrl-C stops", file=sys.stderr, flush=True)
-    # uvicorn's access log gives one line per request: client, method, path, status.
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    announce = (f"bertforge: serving {model_dir} on http://{shown}:{port} (endpoints at /health and /info, API docs "
+                "at /docs, metrics at /metrics); Ctrl-C or SIGTERM drains and stops")
+    # uvicorn's access log gives one line per request: client, method, path, status. Its own graceful
+    # shutdown follows the drain and has little left to wait for; this bounds it all the same.
+    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=max(1, int(shutdown_grace_s)))
+    _draining_server(config, drain, announce).run(sockets=[sock])

@@ -2,7 +2,9 @@
 
 `run_load` starts `concurrency` client threads, each with its own keep-alive connection, that
 send the same request again and again until `duration` seconds have passed or `max_requests`
-have been sent, whichever comes first; it stops by itself. Halfway through, it also sends the
+have been sent, whichever comes first; it stops by itself. A client stops early on a status in
+`stop_on` (a draining server's 503: a real client would go to another replica) or when the server
+no longer takes connections. Halfway through, it also sends the
 bad requests it is given (an oversized body, malformed JSON) and records what they got, so a
 run shows whether one bad request disturbs the others. It refuses any host that is not a
 loopback address: load is only ever sent to this machine.
@@ -34,6 +36,9 @@ class LoadResult:
     latencies_ms: list[float] = field(repr=False)
     bad_requests: dict[str, int] = field(default_factory=dict)  # name -> status it got
     server_peak_rss_mb: float | None = None
+    timeline: list[tuple[float, float, int]] = field(default_factory=list, repr=False)  # (sent, answered, status) s
+    refused: int = 0  # connections the server no longer took (it had stopped listening): never sent
+    started: float = 0.0  # time.perf_counter() when the clients began; the timeline counts from here
 
     @property
     def requests_per_s(self) -> float:
@@ -87,8 +92,10 @@ def _send(conn: http.client.HTTPConnection, path: str, body: bytes) -> int:
 
 def run_load(host: str, port: int, path: str, body: dict, concurrency: int, duration: float = 10.0,
              max_requests: int = 100_000, bad_requests: dict[str, tuple[str, bytes]] | None = None,
-             server_pid: int | None = None, timeout: float = 60.0) -> LoadResult:
-    """Send `body` to `path` from `concurrency` clients for `duration` seconds (at most `max_requests`)."""
+             server_pid: int | None = None, timeout: float = 60.0, stop_on: tuple[int, ...] = ()) -> LoadResult:
+    """Send `body` to `path` from `concurrency` clients for `duration` seconds (at most `max_requests`).
+
+    Status 599 stands for a request that got no answer (the connection failed after it was sent)."""
     check_loopback(host)
     if not 1 <= concurrency <= 1024 or not 0 < duration <= 600:
         raise InputError("concurrency must be 1..1024 and duration 0..600 s")
@@ -97,6 +104,8 @@ def run_load(host: str, port: int, path: str, body: dict, concurrency: int, dura
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     sent = [0]
+    timeline: list[tuple[float, float, int]] = []
+    refused = [0]
     start = time.perf_counter()
     deadline = start + duration
 
@@ -111,14 +120,22 @@ def run_load(host: str, port: int, path: str, body: dict, concurrency: int, dura
                 t0 = time.perf_counter()
                 try:
                     status = _send(conn, path, payload)
+                except ConnectionRefusedError:  # nothing listens any more: the request was never sent
+                    with lock:
+                        sent[0] -= 1
+                        refused[0] += 1
+                    return
                 except (OSError, http.client.HTTPException):
                     status = 599  # no answer: counted as an error, and the connection is made again
                     conn.close()
                     conn = http.client.HTTPConnection(host, port, timeout=timeout)
-                elapsed = (time.perf_counter() - t0) * 1000
+                t1 = time.perf_counter()
                 with lock:
-                    latencies.append(elapsed)
+                    latencies.append((t1 - t0) * 1000)
                     statuses[status] = statuses.get(status, 0) + 1
+                    timeline.append((t0 - start, t1 - start, status))
+                if status in stop_on:
+                    return
         finally:
             conn.close()
 
@@ -144,4 +161,4 @@ def run_load(host: str, port: int, path: str, body: dict, concurrency: int, dura
         t.join(duration + timeout + 5)
     seconds = time.perf_counter() - start
     return LoadResult(concurrency, seconds, len(latencies), statuses, latencies, bad_results,
-                      peak_rss_mb(server_pid) if server_pid else None)
+                      peak_rss_mb(server_pid) if server_pid else None, sorted(timeline), refused[0], start)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .. import invocation
 from ..errors import BertforgeError, NothingToDo, Stopped
 from ..runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
 from . import distributed as dist
@@ -352,8 +353,8 @@ class Trainer:
     def _stopped(self, step: int) -> Stopped:
         """What a signal ends the run with: the checkpoint just written, and how to go on from it."""
         signum = self._signals.received or signal.SIGTERM
-        if Path(sys.argv[0]).name in ("bertforge", "__main__.py"):  # the CLI (or `python -m bertforge`)
-            args = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
+        if invocation.cli_args is not None:  # started by the CLI (`bertforge` or `python -m bertforge`)
+            args = [a for a in invocation.cli_args if a not in ("--overwrite", "--resume")]
             if self.world > 1:  # the launcher's own options are not ours to know
                 how = "resume by launching it as before: torchrun ... " + shlex.join(["-m", "bertforge", *args, "--resume"])
             else:

@@ -1,0 +1,68 @@
+"""`bertforge serve` stops as a scheduler expects: SIGTERM under load drains (new requests get 503, those in
+flight finish with 200), then the process exits 0; a port already taken is refused in one line before the
+model loads, and the server says it is serving only once it is."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from bertforge.server.loadtest import run_load  # noqa: E402
+from server_utils import call, running_server  # noqa: E402
+
+
+def test_sigterm_under_load_drains_then_exits_0(minilm_dir):
+    # Batches wait 300 ms for company, so at any moment several requests are in flight.
+    with running_server(minilm_dir, "--batch-wait-ms", "300", "--shutdown-grace-s", "20") as (port, proc):
+        signalled = []
+
+        def stop_soon() -> None:
+            time.sleep(2.0)
+            signalled.append(time.perf_counter())
+            proc.send_signal(signal.SIGTERM)
+
+        threading.Thread(target=stop_soon, daemon=True).start()
+        result = run_load("127.0.0.1", port, "/embed", {"texts": ["a sentence to embed while the server stops"]},
+                          concurrency=8, duration=15, max_requests=400, stop_on=(503,))
+        code = proc.wait(timeout=30)
+        proc.log.seek(0)
+        log = proc.log.read().decode()
+    at = signalled[0] - result.started
+    # Every request the server took was answered: 200 before and across the signal, 503 after it; none cut off.
+    assert set(result.statuses) <= {200, 503} and result.statuses.get(503, 0) >= 1, result.summary()
+    across = [row for row in result.timeline if row[0] < at < row[1]]
+    assert across and all(status == 200 for _, _, status in across), result.timeline
+    assert all(status == 503 for sent, _, status in result.timeline if sent > at + 0.05)
+    assert code == 0, log
+    assert "SIGTERM received: draining" in log and "drained (" in log and "Traceback" not in log
+
+
+def test_health_answers_503_while_draining(minilm_dir):
+    """A readiness probe sees the drain, so a load balancer stops sending here."""
+    with running_server(minilm_dir, "--batch-wait-ms", "1500", "--shutdown-grace-s", "20") as (port, proc):
+        slow = threading.Thread(target=call, args=(port, "/embed", {"texts": ["keeps the server draining"]}))
+        slow.start()
+        time.sleep(0.5)  # the request waits in its batch for 1.5 s
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        status, body = call(port, "/health")
+        slow.join()
+        assert status == 503 and "shutting down" in body["error"]
+        assert proc.wait(timeout=30) == 0
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_loading(minilm_dir):
+    with running_server(minilm_dir) as (taken, _):
+        result = subprocess.run([sys.executable, "-m", "bertforge", "serve", "--model", str(minilm_dir), "--port",
+                                 str(taken)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{taken}" in lines[0] and "--port" in lines[0], lines
+    assert "serving" not in result.stderr
