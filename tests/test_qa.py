@@ -7,12 +7,14 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bertforge import BertConfig, BertModel, Tokenizer
 from bertforge.data.qa import QAExample, best_answers, qa_features, read_squad
+from bertforge.errors import InputError
 
 from conftest import shared
 
@@ -65,16 +67,31 @@ def test_best_answer_across_windows_and_null():
     assert v2 == {"q": ""} and margins["q"] == pytest.approx(40 - 10)
 
 
-def test_bad_answer_start_is_warned_counted_and_skipped(tmp_path, caplog):
-    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": [
-        {"id": "1", "question": "Where?", "answers": [{"text": "France", "answer_start": 12}]},
-        {"id": "2", "question": "What?", "answers": [{"text": "Paris", "answer_start": 3}]}]}]}]}
-    path = tmp_path / "s.json"
+def squad_file(path: Path, answers: list[tuple[str, int]]) -> Path:
+    """A SQuAD v1.1 file over one context, a question per (answer text, answer_start)."""
+    qas = [{"id": str(i), "question": "Where?", "answers": [{"text": text, "answer_start": start}]}
+           for i, (text, start) in enumerate(answers)]
+    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "Paris is in France.", "qas": qas}]}]}
     path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_few_bad_answer_starts_drop_their_questions_from_training(tmp_path, caplog):
+    """As google-research/bert does: the question goes with its answer, so it never trains as unanswerable."""
+    path = squad_file(tmp_path / "s.json", [("France", 12)] * 150 + [("Paris", 3)])
     with caplog.at_level(logging.WARNING, logger="bertforge"):
-        examples, _ = read_squad(path)
-    assert "1 answer(s) whose answer_start does not match" in caplog.text
-    assert [len(e.answers) for e in examples] == [1, 0]
+        examples, _ = read_squad(path, training=True)
+    assert "1 answer(s) whose answer_start does not match" in caplog.text and "qas[150].answers[0]" in caplog.text
+    assert len(examples) == 150 and all(e.answers for e in examples)
+    assert len(read_squad(path)[0]) == 151  # evaluation scores answers by text: every question stays
+
+
+def test_answer_starts_in_another_unit_are_refused(tmp_path):
+    """Offsets counted in bytes (or any other unit) miss on most answers: refused, not trained on null targets."""
+    path = squad_file(tmp_path / "s.json", [("France", 12)] * 97 + [("France", 14)] * 3)
+    with pytest.raises(InputError, match=r"3 of 100 answers \(3\.0%\) do not match the context at their "
+                                         r"answer_start \(more than 1%\); first: data\[0\]\.paragraphs\[0\]\.qas\[97\]"):
+        read_squad(path, training=True)
 
 
 def test_finetune_qa_end_to_end(tmp_path, minilm_dir):

@@ -1,7 +1,8 @@
 """One writer per output directory: an exclusive lock held for the life of the process.
 
-A run (`pretrain`, `finetune`, `prepare`, `tokenizer train`) takes `OUT/.bertforge.lock` before it
-deletes or writes anything there. The lock is the operating system's (`flock`), so it goes away
+A run (`pretrain`, `finetune`, `tokenizer train`) takes `OUT/.bertforge.lock` before it deletes or
+writes anything there. `prepare` builds its output under another name and renames it into place, so
+its lock sits beside the output instead: `.OUT.bertforge.lock` in OUT's parent. The lock is the operating system's (`flock`), so it goes away
 with its process however that process ends: a run killed with SIGKILL leaves the file but no lock,
 and the next run takes it over (saying whose it was). The file holds the holder's PID, host and
 start time, so a refused run can name it. Leaf module: only the standard library and errors.
@@ -28,31 +29,44 @@ _held: dict[Path, int] = {}  # directory -> open descriptor holding its lock, fo
 def lock_directory(directory: Path) -> None:
     """Take the directory's lock (creating the directory), or refuse naming the run that holds it."""
     directory = Path(directory).resolve()
-    if directory in _held:
-        return
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    _lock(directory / LOCK_NAME, directory)
+
+
+def lock_beside(target: Path) -> None:
+    """Take the lock of an output that appears by a rename (`prepare`'s): a lock file beside it, in its parent."""
+    target = Path(target).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _lock(target.parent / f".{target.name}{LOCK_NAME}", target)
+
+
+def _lock(file: Path, guarded: Path) -> None:
+    """Hold `file`'s flock for the life of the process, or refuse naming the run that holds it (`guarded` is
+    the directory the lock stands for, as the messages name it)."""
+    if file in _held:
+        return
+    fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
         os.close(fd)
-        raise BertforgeError(f"{directory}: in use by another bertforge run ({holder}); wait for it to end, "
+        raise BertforgeError(f"{guarded}: in use by another bertforge run ({holder}); wait for it to end, "
                              "or choose another --out") from None
     previous = os.read(fd, 4096).decode("utf-8", "replace").strip()
     if previous:  # a holder that ended without releasing cleanly: killed, or its machine went down
-        log.warning("%s: taking over the lock of a run that is no longer running (%s)", directory, previous)
+        log.warning("%s: taking over the lock of a run that is no longer running (%s)", guarded, previous)
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
-    _held[directory] = fd
+    _held[file] = fd
 
 
 def check_not_in_use(directory: Path) -> None:
     """Refuse, naming the holder, a directory another run holds; creates nothing (for a run that is about to
     be refused anyway, so that it leaves the directory as it found it)."""
     path = Path(directory) / LOCK_NAME
-    if Path(directory).resolve() in _held or not path.is_file():
+    if path.resolve() in _held or not path.is_file():
         return
     fd = os.open(path, os.O_RDONLY)
     try:

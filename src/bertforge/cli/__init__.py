@@ -21,6 +21,7 @@ import typer
 
 from .. import __version__, invocation
 from ..errors import BertforgeError
+from ..safefiles import ENVIRONMENT_ERRNOS
 from .commands import app
 
 
@@ -81,3 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         # Point stdout at /dev/null so Python's own flush at exit does not complain again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # The machine's refusals (no space, read-only, permission) are the user's to fix: one line naming the path.
+        if exc.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"bertforge: error: {where}{exc.strerror}", file=sys.stderr)
+        return 2

@@ -9,7 +9,6 @@ instead of a readable summary, `--seed`, `--seq-len` and `--batch-size` are what
 
 from __future__ import annotations
 
-import json as jsonlib
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +18,7 @@ import typer
 from ..constants import INFERENCE_BACKENDS
 from ..errors import BertforgeError
 from ..inference.predict import TASKS as PREDICT_TASKS
+from ..jsonfile import dumps
 from ..runconfig import TASKS, FinetuneConfig, PretrainConfig
 from .build import command, settings_from
 
@@ -40,11 +40,12 @@ def show(result: dict[str, Any], json: bool, title: str) -> None:
 
 
 @command(app, "inspect")
-def inspect(path: str, json: bool = False) -> None:
-    """Print a checkpoint's config, parameter counts and heads.
+def inspect(path: str, json: bool = False) -> int:
+    """Print a checkpoint's config, parameter counts and heads, and check every weight is finite.
 
     Reads a Hugging Face style checkpoint directory (config.json plus model.safetensors or
-    pytorch_model.bin) and reports what it holds.
+    pytorch_model.bin) and reports what it holds. Exits 1 when a weight is NaN or infinite (each such
+    tensor is named) or a weight the config needs is missing.
 
     Args:
         path: checkpoint directory
@@ -53,7 +54,8 @@ def inspect(path: str, json: bool = False) -> None:
     from ..interop.inspect import format_report, inspect_checkpoint
 
     info = inspect_checkpoint(path)
-    print(jsonlib.dumps(info) if json else format_report(info))
+    print(dumps(info) if json else format_report(info))
+    return 1 if info["non_finite"] or info["missing_keys"] else 0
 
 
 @command(tokenizer_app, "train")
@@ -138,12 +140,17 @@ def prepare(corpus: list[str], *, out: str, tokenizer: str, workers: int | None 
     """
     from ..data.corpus import CorpusOptions
     from ..data.shards import prepare as prepare_shards
+    from ..lockfile import lock_beside
     from ..tokenization.kinds import load_tokenizer
 
     if not corpus:
         raise BertforgeError("prepare needs a corpus: files, directories, globs or hf:NAME")
+    # The output appears by a rename of OUT.partial, so the lock sits beside it: a second prepare of the same
+    # --out would otherwise delete the first one's partial output.
+    tok = load_tokenizer(tokenizer)
+    lock_beside(Path(out))
     options = CorpusOptions(doc_per_file=doc_per_file, text_field=text_field, encoding_errors=encoding_errors)
-    meta = prepare_shards(corpus, out, load_tokenizer(tokenizer), options, workers=workers,
+    meta = prepare_shards(corpus, out, tok, options, workers=workers,
                           shard_tokens=shard_tokens, progress=sys.stderr.isatty())
     show({k: meta[k] for k in ("documents", "sentences", "tokens", "seconds")} | {"out": out}, json,
          "corpus prepared")
@@ -263,7 +270,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
                            joint=joint, aggregation=aggregation, pooling=pooling, normalize=True if normalize else None,
                            against=candidates, batch_size=batch_size, null_threshold=null_threshold,
                            progress=bool(input) and sys.stderr.isatty(), backend=backend):
-        print(jsonlib.dumps(row, ensure_ascii=False), flush=True)
+        print(dumps(row, ensure_ascii=False), flush=True)
 
 
 @command(app, "serve")

@@ -8,6 +8,7 @@ or chosen by name or 0-based index. Every row must have the header's number of f
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,9 @@ def read_examples(path: str | Path, columns: Columns | None = None, labelled: bo
                 continue
             if len(row) != len(header):
                 raise InputError(f"{path}:{number}: {len(row)} fields where the header has {len(header)}")
+            if labelled and y is not None and not row[y].strip():
+                raise InputError(f"{path}:{number}: the label field '{header[y]}' is empty; give every row a label "
+                                 "(or remove the row)")
             examples.append(Example(row[t], row[p] if p is not None else None,
                                     row[y].strip() if y is not None else None, number))
     if not examples:
@@ -93,6 +97,9 @@ def _read_jsonl(path: Path, columns: Columns, labelled: bool) -> list[Example]:
         if labelled and label_key not in record:
             raise InputError(f"{path}:{number}: no field '{label_key}'")
         label = record.get(label_key)
+        if labelled and (label is None or (isinstance(label, str) and not label.strip())):
+            raise InputError(f"{path}:{number}: the label field '{label_key}' is {'null' if label is None else 'empty'}; "
+                             "give every record a label (or remove the record)")
         examples.append(Example(record[text_key], record.get(pair_key),
                                 None if label is None else (label if isinstance(label, float) else str(label)), number))
     return examples
@@ -117,9 +124,12 @@ def regression_targets(examples: list[Example], path: str | Path) -> list[float]
     out = []
     for e in examples:
         try:
-            out.append(float(e.label))
+            value = float(e.label)
         except (TypeError, ValueError):
             raise InputError(f"{path}:{e.line}: regression label '{e.label}' is not a number") from None
+        if not math.isfinite(value):  # float() reads 'nan' and 'inf', which no loss or correlation can use
+            raise InputError(f"{path}:{e.line}: regression label '{e.label}' is not a finite number")
+        out.append(value)
     return out
 
 

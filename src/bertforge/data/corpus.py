@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import glob
 import gzip
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError, require
-from .io import jsonl_records
+from .io import corrupt, jsonl_records
 
 _BINARY_SNIFF = 8192
 
@@ -75,8 +76,8 @@ def _check_not_binary(path: Path) -> None:
     with _open_binary(path) as handle:
         try:
             head = handle.read(_BINARY_SNIFF)
-        except (OSError, EOFError) as exc:
-            raise InputError(f"{path}: cannot read ({exc})") from None
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(corrupt(path, 0, exc)) from None
     if b"\x00" in head:
         raise InputError(f"{path}: looks like a binary file (NUL bytes), not text; remove it from the corpus")
 
@@ -84,18 +85,21 @@ def _check_not_binary(path: Path) -> None:
 def _lines(path: Path, errors: str) -> Iterator[tuple[int, str]]:
     """(line number, decoded line) pairs; invalid UTF-8 is reported by file and byte offset."""
     _check_not_binary(path)
-    offset = 0
+    offset = number = 0
     with _open_binary(path) as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                if errors != "replace":
-                    raise InputError(f"{path}: invalid UTF-8 at byte {offset + exc.start} (line {number}); "
-                                     "fix the file or pass --encoding-errors replace") from None
-                line = raw.decode("utf-8", errors="replace")
-            offset += len(raw)
-            yield number, line
+        try:
+            for number, raw in enumerate(handle, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    if errors != "replace":
+                        raise InputError(f"{path}: invalid UTF-8 at byte {offset + exc.start} (line {number}); "
+                                         "fix the file or pass --encoding-errors replace") from None
+                    line = raw.decode("utf-8", errors="replace")
+                offset += len(raw)
+                yield number, line
+        except (EOFError, OSError, zlib.error) as exc:  # a truncated .gz ends in EOFError, a damaged one in zlib's
+            raise InputError(corrupt(path, number, exc)) from None
 
 
 def _is_jsonl(path: Path) -> bool:

@@ -22,6 +22,14 @@ def read_text(path: str | Path) -> str:
         raise InputError(f"{path}: not UTF-8 at byte {exc.start}") from None
 
 
+def corrupt(path: str | Path, lines_read: int, exc: BaseException) -> str:
+    """The one line for a file that breaks off or is damaged part-way: a truncated or corrupt .gz ends in
+    EOFError or zlib.error, which would otherwise surface as a traceback (or, through click, as "interrupted")."""
+    what = "corrupt or truncated gzip file" if str(path).endswith(".gz") else "cannot read"
+    return (f"{path}: {what} after {lines_read:,} lines ({getattr(exc, 'strerror', None) or exc}); "
+            "download or compress it again")
+
+
 def jsonl_records(path: str | Path, lines: Iterable[tuple[int, str]], text_key: str) -> Iterator[tuple[int, dict]]:
     """(line number, object) for the non-blank lines of a JSONL file; each must hold a string `text_key`."""
     for number, line in lines:

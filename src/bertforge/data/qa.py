@@ -71,29 +71,53 @@ def check_squad(raw: Any, source: str | Path) -> list[dict]:
     return raw["data"]
 
 
-def read_squad(path: str | Path, check_answers: bool = True) -> tuple[list[QAExample], dict]:
-    """Examples of a SQuAD JSON file, and the raw `data` (for scoring). Answers whose answer_start
-    does not point at their text are counted, logged and dropped (their question is kept for scoring)."""
+MAX_BAD_ANSWER_SHARE = 0.01
+"""Training data whose answers miss their `answer_start` more often than this is refused: a few are typos
+(google-research/bert skips those questions too); more point to offsets counted in another unit (bytes,
+or a context cleaned after the offsets were taken), and training on the rest would teach little."""
+
+
+def read_squad(path: str | Path, training: bool = False) -> tuple[list[QAExample], dict]:
+    """Examples of a SQuAD JSON file, and the raw `data` (for scoring).
+
+    For training, an answer whose `answer_start` does not point at its text cannot give token positions: it
+    is dropped, and so is a (possible) question left with no answer, as google-research/bert's reader skips
+    it, so that it never trains as "unanswerable". Past `MAX_BAD_ANSWER_SHARE` of the answers the file is
+    refused, with the count and the first bad answer's place. For evaluation every question and answer is
+    kept: answers are scored by their text, not their offsets."""
     path = Path(path)
     try:
         raw = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
-    examples, bad = [], 0
-    for article in check_squad(raw, path):
-        for paragraph in article["paragraphs"]:
+    examples, bad, total, dropped, first = [], 0, 0, 0, None
+    for a, article in enumerate(check_squad(raw, path)):
+        for p, paragraph in enumerate(article["paragraphs"]):
             context = paragraph["context"]
-            for qa in paragraph["qas"]:
+            for q, qa in enumerate(paragraph["qas"]):
                 answers = []
-                for answer in qa["answers"]:
+                for n, answer in enumerate(qa["answers"]):
                     start, text = answer["answer_start"], answer["text"]
-                    if check_answers and (start < 0 or context[start:start + len(text)] != text):
+                    total += 1
+                    if training and (start < 0 or context[start:start + len(text)] != text):
                         bad += 1
+                        first = first or (f"data[{a}].paragraphs[{p}].qas[{q}].answers[{n}] (id {qa['id']!r}: "
+                                          f"{text[:40]!r} at {start}, where the context has "
+                                          f"{context[max(start, 0):max(start, 0) + len(text)][:40]!r})")
                         continue
                     answers.append({"text": text, "answer_start": start})
-                examples.append(QAExample(qa["id"], qa["question"], context, answers, qa.get("is_impossible", False)))
+                impossible = qa.get("is_impossible", False)
+                if training and qa["answers"] and not answers and not impossible:
+                    dropped += 1
+                    continue
+                examples.append(QAExample(qa["id"], qa["question"], context, answers, impossible))
+    if bad and bad > MAX_BAD_ANSWER_SHARE * total:
+        raise InputError(f"{path}: {bad} of {total} answers ({bad / total:.1%}) do not match the context at their "
+                         f"answer_start (more than {MAX_BAD_ANSWER_SHARE:.0%}); first: {first}. Offsets must count "
+                         "characters of the context as stored in the file")
     if bad:
-        log.warning("%s: %d answer(s) whose answer_start does not match the context text were skipped", path, bad)
+        log.warning("%s: %d answer(s) whose answer_start does not match the context were skipped, and %d question(s) "
+                    "left without an answer with them; first: %s", path, bad, dropped, first)
     if not examples:
         raise InputError(f"{path}: no questions")
     return examples, raw

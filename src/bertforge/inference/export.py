@@ -9,8 +9,10 @@ CPU inference) next to it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +22,9 @@ import torch
 
 from ..errors import BertforgeError, require
 from ..interop.hf import head_of
+from ..jsonfile import dumps
 from ..models.registry import HEADS
+from ..safefiles import WriteRefused, disk_refusal, fsync_path, fsync_tree
 
 
 class _Outputs(torch.nn.Module):
@@ -71,12 +75,43 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, o
     """Export a checkpoint directory, check it against PyTorch with ONNX Runtime, and optionally
     quantise it. Returns a report (also written next to the graph as OUT.json)."""
     out_path = Path(out)
-    if out_path.exists() and not overwrite:
+    existed = out_path.exists()
+    if existed and not overwrite:
         raise BertforgeError(f"{out_path}: already exists; pass --overwrite to replace it or choose another --out")
     model = head_of(model_dir).cls.from_pretrained(model_dir).eval()
-    report = export_model(model, out_path, int8=int8, opset=opset)
-    (out_path.with_suffix(".json")).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # Everything is written into a hidden folder beside the target, checked, flushed, and only then renamed
+    # into place: a full or read-only disk, or a failed check, leaves the previous export as it was.
+    staging = None
+    try:
+        staging = Path(tempfile.mkdtemp(dir=out_path.parent, prefix=f".{out_path.name}."))
+        report = export_model(model, staging / out_path.name, int8=int8, opset=opset)
+        report["onnx"] = str(out_path)
+        if int8:
+            report["int8"] = str(_int8_path(out_path))
+        (staging / out_path.with_suffix(".json").name).write_text(dumps(report, indent=2) + "\n", encoding="utf-8")
+        fsync_tree(staging)
+    except Exception as exc:
+        reason = disk_refusal(exc, out_path.parent)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if reason is None:
+            raise
+        kept = f"the previous {out_path.name} is intact" if existed else "nothing was written there"
+        raise WriteRefused(f"cannot write {out_path}: {reason}; {kept}") from None
+    # The graphs first, the report that names them last.
+    for target in (out_path, _int8_path(out_path) if int8 else None, out_path.with_suffix(".json")):
+        if target is not None:
+            os.replace(staging / target.name, target)
+    if not int8 and _int8_path(out_path).is_file():
+        _int8_path(out_path).unlink()  # the replaced export's int8 copy: its report is gone, and it is not this model's
+    fsync_path(out_path.parent)
+    shutil.rmtree(staging, ignore_errors=True)
     return report
+
+
+def _int8_path(out_path: Path) -> Path:
+    return out_path.with_name(out_path.stem + ".int8.onnx")
 
 
 def difference_from_torch(model: torch.nn.Module, run: Callable[[dict[str, np.ndarray]], list]) -> float:
@@ -117,7 +152,7 @@ def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, ops
     if int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        int8_path = out_path.with_name(out_path.stem + ".int8.onnx")
+        int8_path = _int8_path(out_path)
         # Per-output-channel weight scales: with one scale per tensor, SST-2 accuracy of a
         # fine-tuned MiniLM fell 1.95 points; per channel, 0.46 (benchmarks/inference.py).
         with _quiet(""):  # onnxruntime's pre-processing hint goes to the root logger

@@ -58,6 +58,21 @@ def _run_sorted(texts: list, tokenizer: Tokenizer, max_length: int, batch_size: 
 
 
 # ----------------------------------------------------------------------------- fill-mask
+def _check_masks(tokenizer: Tokenizer, text: str, name: str, max_length: int, truncates: bool) -> None:
+    """Refuse a text with no mask token, or with one the model would never see: long inputs are cut to
+    `max_length` tokens (the last being [SEP]), and a mask past the cut would silently get no prediction."""
+    ids = tokenizer.encode(text)
+    positions = [p for p, t in enumerate(ids) if t == tokenizer.mask_token_id]
+    mask = tokenizer.id_to_token(tokenizer.mask_token_id)
+    if not positions:
+        raise InputError(f"{name} has no {mask} token: {text[:60]!r}")
+    if truncates and positions[-1] > max_length - 2:
+        raise InputError(f"{name}: a {mask} is token {positions[-1] + 1} of {len(ids)}, past the {max_length} tokens "
+                         "the model reads; shorten the text before it")
+    if not truncates and len(ids) > max_length:
+        raise InputError(f"{name} is {len(ids)} tokens; the model reads at most {max_length}")
+
+
 @torch.no_grad()
 def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer, texts: list[str],
               top_k: int = 5, targets: list[str] | None = None, batch_size: int = 32) -> list[list[list[dict]]]:
@@ -79,8 +94,7 @@ def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer,
                 raise InputError(f"target {word!r} is not a single token of this vocabulary ({' '.join(pieces)})")
             target_ids.append(tokenizer.token_to_id(pieces[0]))
     for i, text in enumerate(texts):
-        if mask_id not in tokenizer.encode(text):
-            raise InputError(f"input {i + 1} has no [MASK] token: {text[:60]!r}")
+        _check_masks(tokenizer, text, f"input {i + 1}", model.config.max_sequence_length, truncates=True)
     model.eval()
     weight = model.backbone.embeddings.word.weight
 
@@ -108,9 +122,8 @@ def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer,
 @torch.no_grad()
 def fill_mask_joint(model, tokenizer: Tokenizer, text: str) -> dict:
     """Fill every [MASK] of one text, most confident first: predict all, fix the surest, repeat."""
+    _check_masks(tokenizer, text, "the input", model.config.max_sequence_length, truncates=False)
     ids = torch.tensor([tokenizer.encode(text)])
-    if not bool((ids == tokenizer.mask_token_id).any()):
-        raise InputError(f"no [MASK] token in {text[:60]!r}")
     model.eval()
     filled = []
     while True:

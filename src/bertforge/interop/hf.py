@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from ..errors import CheckpointError, ConfigError
 from ..jsonfile import read_json_object
 from ..models.base import NameTable
 from ..models.registry import ARCHITECTURES, HEADS, Family, HeadInfo, family
+from ..safefiles import atomic_write
 
 log = logging.getLogger("bertforge")
 
@@ -189,24 +188,45 @@ def weights_files(path: Path) -> list[Path]:
     )
 
 
-def read_weights(file: Path) -> dict[str, torch.Tensor]:
-    """Read one weights file safely: safetensors, or a .bin through torch's weights-only unpickler."""
+def non_finite(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Name -> how many NaN or infinite values, for the floating-point tensors that hold any."""
+    found = {}
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                found[name] = bad
+    return found
+
+
+def read_weights(file: Path, check_finite: bool = True) -> dict[str, torch.Tensor]:
+    """Read one weights file safely: safetensors, or a .bin through torch's weights-only unpickler. Weights
+    with NaN or infinite values (bit rot, a run that diverged) are refused by name unless `check_finite` is
+    off (`inspect`, which lists them): they would give NaN outputs that look like answers."""
     if not file.is_file():
         raise CheckpointError(f"{file}: missing weights file")
     if file.suffix == ".safetensors":
         try:
-            return load_file(str(file), device="cpu")
+            state = load_file(str(file), device="cpu")
         except (SafetensorError, OSError, ValueError) as exc:
             raise CheckpointError(f"{file}: cannot read safetensors ({exc}); the file may be truncated or corrupt") from None
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(f"{file}: refused to load: it holds more than tensors, and unpickling it could run code "
-                              f"({str(exc).splitlines()[0]})") from None
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise CheckpointError(f"{file}: cannot read PyTorch weights ({exc}); the file may be truncated or corrupt") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{file}: expected a dict of tensors, got {type(state).__name__}")
+    else:
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointError(f"{file}: refused to load: it holds more than tensors, and unpickling it could run "
+                                  f"code ({str(exc).splitlines()[0]})") from None
+        except (RuntimeError, EOFError, OSError) as exc:
+            raise CheckpointError(f"{file}: cannot read PyTorch weights ({exc}); the file may be truncated or "
+                                  "corrupt") from None
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{file}: expected a dict of tensors, got {type(state).__name__}")
+    bad = non_finite({k: v for k, v in state.items() if isinstance(v, torch.Tensor)}) if check_finite else {}
+    if bad:
+        names = ", ".join(f"{k} ({n:,} values)" for k, n in list(bad.items())[:3])
+        raise CheckpointError(f"{file}: {len(bad)} tensor(s) hold NaN or infinite values: {names}"
+                              f"{' ...' if len(bad) > 3 else ''}; the file is damaged or its run diverged "
+                              "(`bertforge inspect` lists them all)")
     return state
 
 
@@ -310,33 +330,12 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
     return model
 
 
-def _umask() -> int:
-    mask = os.umask(0)  # the only portable way to read it is to set it, so set it straight back
-    os.umask(mask)
-    return mask
-
-
-def _atomic_write(target: Path, write) -> None:
-    """Write through a temporary file in the same directory, then rename: a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        # mkstemp makes the file private (0600); give it the mode any new file gets under the umask,
-        # so that another user or a serving container can read the model.
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def save_pretrained(model: torch.nn.Module, path: str | Path, tokenizer=None) -> None:
     """Write `config.json` and `model.safetensors` that transformers' matching class loads unchanged."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().cpu() for k, v in to_hf_state_dict(model).items()}
-    _atomic_write(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    _atomic_write(path / "config.json", lambda tmp: model.config.save(tmp, architectures=[model.hf_architecture]))
+    atomic_write(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(path / "config.json", lambda tmp: model.config.save(tmp, architectures=[model.hf_architecture]))
     if tokenizer is not None:
         tokenizer.save(path)

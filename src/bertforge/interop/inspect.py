@@ -1,4 +1,5 @@
-"""`bertforge inspect`: what a checkpoint directory holds, read from file headers without loading weights."""
+"""`bertforge inspect`: what a checkpoint directory holds (from file headers), and whether every weight is finite
+(read a tensor at a time)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,37 @@ from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
 from ..models.registry import HEADS
-from .hf import (architecture_of, family_of, from_hf_state_dict, head_of, is_head_key, read_config, read_weights,
-                 weights_files)
+from .hf import (
+    architecture_of,
+    family_of,
+    from_hf_state_dict,
+    head_of,
+    is_head_key,
+    non_finite,
+    read_config,
+    read_weights,
+    weights_files,
+)
 
 # The heads a checkpoint carries, recognised by their weights' key prefixes (from the head registry).
 _HEADS = list(dict.fromkeys(info.weights for info in HEADS.values() if info.weights))
 
 
-def _shapes(file: Path) -> dict[str, tuple[int, ...]]:
+def _scan(file: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """(name -> shape, name -> count of NaN or infinite values) of one weights file, a tensor at a time, so
+    a damaged file is reported rather than refused."""
     if file.suffix == ".safetensors":
         try:
             with safe_open(str(file), framework="pt") as f:
-                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+                shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+                bad = {}
+                for k in f.keys():
+                    bad.update(non_finite({k: f.get_tensor(k)}))
+                return shapes, bad
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"{file}: cannot read safetensors ({exc}); the file may be truncated or corrupt") from None
-    return {k: tuple(v.shape) for k, v in read_weights(file).items()}
+    tensors = read_weights(file, check_finite=False)
+    return {k: tuple(v.shape) for k, v in tensors.items()}, non_finite(tensors)
 
 
 def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -34,8 +51,11 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     config = read_config(path)
     shapes: dict[str, tuple[int, ...]] = {}
+    bad: dict[str, int] = {}
     for file in weights_files(path):
-        shapes.update(_shapes(file))
+        file_shapes, file_bad = _scan(file)
+        shapes.update(file_shapes)
+        bad.update(file_bad)
     table = family_of(path).names
     derived, prefix = re.compile(table.derived), table.prefix + "."
     counts = {"embeddings": 0, "encoder": 0, "pooler": 0, "heads": 0}
@@ -64,6 +84,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "heads": heads,
         "missing_keys": report.missing_keys,
         "unexpected_keys": report.unexpected_keys,
+        "non_finite": bad,
         "parameters": {**counts, "total": sum(counts.values())},
         "config": config.to_dict(),
     }
@@ -85,6 +106,8 @@ def format_report(info: dict[str, Any]) -> str:
         lines.append("MISSING       " + ", ".join(info["missing_keys"]))
     if info["unexpected_keys"]:
         lines.append("unused        " + ", ".join(info["unexpected_keys"]))
+    if info["non_finite"]:
+        lines.append("NON-FINITE    " + ", ".join(f"{k} ({n:,} NaN/inf values)" for k, n in info["non_finite"].items()))
     if info["config"].get("id2label") and any(h == "classifier" for h in info["heads"]):
         lines.append("labels        " + json.dumps(c["id2label"]))
     return "\n".join(lines)

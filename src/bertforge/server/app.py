@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import InputError
 from .batching import Admission, Overloaded, TokenBatcher
 from .metrics import ServerMetrics, route_label
-from ..errors import InputError
 from .schemas import DIALECT, Refused
 from .service import Limits, Service
 

@@ -57,12 +57,15 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     train = read_examples(train_path, columns) if train_path else None
     dev = read_examples(dev_path, columns)
     if cfg.task == "regress":
+        # Every label is checked before the model is built: a bad one is the only thing said.
+        values = {path: regression_targets(examples, path) for path, examples in ((train_path, train or []),
+                                                                                  (dev_path, dev))}
         if model is None:
             model = new_model(cfg, BertForSequenceClassification, None, tokenizer)
         id2label = None
 
         def targets(examples, path):
-            return regression_targets(examples, path)
+            return values[path]
     else:
         if model is None:
             model = new_model(cfg, BertForSequenceClassification, label_set(train), tokenizer)

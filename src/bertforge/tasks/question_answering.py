@@ -58,7 +58,7 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     """(model, task) for `qa` on SQuAD v1.1 / v2.0 files."""
     if cfg.pack:
         raise BertforgeError("--pack is not supported for qa: its windows already fill --seq-len")
-    train = read_squad(train_path)[0] if train_path else []
+    train = read_squad(train_path, training=True)[0] if train_path else []
     dev, raw = read_squad(dev_path)
     if model is None:
         model = new_model(cfg, BertForQuestionAnswering, None, tokenizer)

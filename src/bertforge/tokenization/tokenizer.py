@@ -565,9 +565,10 @@ def _as_tensor(key: str, rows: list, kind: str):
 def _read_lines(file: Path) -> Iterator[str]:
     """Lines of a UTF-8 text file (gzip'd when it ends in .gz); a bad byte is reported by file and offset."""
     import gzip
+    import zlib
 
     opener = gzip.open if file.suffix == ".gz" else open
-    offset = 0
+    offset = lines = 0
     try:
         with opener(file, "rb") as handle:
             for raw in handle:
@@ -576,5 +577,8 @@ def _read_lines(file: Path) -> Iterator[str]:
                 except UnicodeDecodeError as exc:
                     raise TokenizerError(f"{file}: not UTF-8 at byte {offset + exc.start}") from None
                 offset += len(raw)
-    except OSError as exc:
-        raise TokenizerError(f"{file}: cannot read ({exc.strerror or exc})") from None
+                lines += 1
+    except (OSError, EOFError, zlib.error) as exc:  # a truncated .gz ends in EOFError, a damaged one in zlib's
+        from ..data.io import corrupt
+
+        raise TokenizerError(corrupt(file, lines, exc)) from None

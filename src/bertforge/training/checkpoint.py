@@ -8,8 +8,10 @@ A checkpoint is a directory `OUT/checkpoints/step-00001234/` holding
 - `trainer_state.json`: step, epoch, data position, schedule, python and numpy RNG states,
   and the run configuration it was made with.
 
-It is written into a hidden temporary directory and renamed into place, so a crash or a
-SIGKILL mid-save leaves the previous checkpoint intact and no half-written one visible.
+It is written into a hidden temporary directory, flushed to the disk (`fsync`) and renamed into
+place, so a crash, a SIGKILL or a power cut mid-save leaves the previous checkpoint intact and no
+half-written one visible. A full or read-only disk is said in one line naming the checkpoint that
+is intact.
 Only the last `keep_last` checkpoints are kept.
 """
 
@@ -30,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
+from ..safefiles import WriteRefused, disk_refusal, fsync_path, fsync_tree
 
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -74,19 +77,31 @@ def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], traine
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # an earlier save of ours that was cut off
-    tmp.mkdir()
-    write(tmp)
-    if best_weights is not None:
-        save_file({k: v.contiguous() for k, v in best_weights.items()}, tmp / "best.safetensors")
-    if rank_rng is not None:
-        torch.save({"torch_rng": rank_rng}, tmp / "rank_rng.pt")
-    state = dict(trainer_state, step=step, rng=rng_state())
-    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)  # an earlier save of ours that was cut off
+        tmp.mkdir()
+        write(tmp)
+        if best_weights is not None:
+            save_file({k: v.contiguous() for k, v in best_weights.items()}, tmp / "best.safetensors")
+        if rank_rng is not None:
+            torch.save({"torch_rng": rank_rng}, tmp / "rank_rng.pt")
+        state = dict(trainer_state, step=step, rng=rng_state())
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+        fsync_tree(tmp)  # on the disk before its name says it is complete
+    except Exception as exc:
+        reason = disk_refusal(exc, root)
+        shutil.rmtree(tmp, ignore_errors=True)  # give back the space the partial save took
+        if reason is None:
+            raise
+        last = latest_checkpoint(root)
+        intact = (f"checkpoint {last.name} is intact: free space (or make {root} writable) and run again with "
+                  "--resume" if last else "no earlier checkpoint exists")
+        raise WriteRefused(f"cannot write checkpoint {final.name} in {root}: {reason}; {intact}") from None
     if final.exists():  # the same step saved again (e.g. the final save right after a periodic one)
         shutil.rmtree(final)
     os.replace(tmp, final)
+    fsync_path(root)
     for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -20,7 +20,8 @@ import torch
 
 from ..data.classification import Columns
 from ..errors import BertforgeError, InputError
-from ..interop.hf import load_for_task, save_pretrained
+from ..interop.hf import load_for_task, read_config, save_pretrained
+from ..jsonfile import dumps
 from ..models.config import BertConfig
 from ..models.registry import TASK_ARCHITECTURES
 from ..runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
@@ -32,10 +33,17 @@ from .runs import claim_output, report, save_run_config
 
 
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
-    if Path(cfg.model).is_dir() and not cfg.tokenizer:
-        return load_tokenizer(cfg.model)
-    if not Path(cfg.model).is_dir():
-        BertConfig.from_preset(cfg.model)  # a mistyped directory is called missing, not a preset
+    """The run's tokenizer, checked against the model: every id it can give must have an embedding."""
+    if Path(cfg.model).is_dir():
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        largest = max(tokenizer.get_vocab().values())
+        vocab_size = read_config(cfg.model).vocab_size
+        if largest >= vocab_size:
+            source = cfg.tokenizer or f"{cfg.model}'s tokenizer"
+            raise BertforgeError(f"{source} gives ids up to {largest:,}, but {cfg.model} embeds only {vocab_size:,} "
+                                 "(vocab_size in its config.json); use the tokenizer the model was trained with")
+        return tokenizer
+    BertConfig.from_preset(cfg.model)  # a mistyped directory is called missing, not a preset
     if not cfg.tokenizer:
         raise BertforgeError(f"--model {cfg.model} is a preset: give --tokenizer DIR with its vocabulary")
     return load_tokenizer(cfg.tokenizer)
@@ -71,7 +79,7 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
                **(summary["best_metrics"] or summary["eval"]), "seconds": round(summary["elapsed"], 1)}
     if summary.get("compile_seconds") is not None:  # --backend jax: the step's one-off compile, within seconds
         results["compile_seconds"] = round(summary["compile_seconds"], 1)
-    (out / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "eval_results.json").write_text(dumps(results, indent=2) + "\n", encoding="utf-8")
     return results
 
 
@@ -96,7 +104,7 @@ def run_finetune(cfg: FinetuneConfig, as_json: bool = True) -> dict[str, Any]:
     summary = {"task": cfg.task, "seeds": seeds,
                **{k: {"mean": statistics.mean(r[k] for r in runs),
                       "std": statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0} for k in keys}}
-    (out / "eval_results.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "eval_results.json").write_text(dumps(summary, indent=2) + "\n", encoding="utf-8")
     report(summary, as_json, title=f"fine-tuning done over {len(seeds)} seeds (mean and std)")
     return summary
 
@@ -117,12 +125,12 @@ def run_evaluate(task: str, model_dir: str, data: str, seq_len: int | None = Non
     model.eval()
     metrics = scorer.evaluate(model)
     if predictions and task == "qa":  # the official format: question id -> answer text
-        Path(predictions).write_text(json.dumps(scorer.answers(model)[0]) + "\n", encoding="utf-8")
+        Path(predictions).write_text(dumps(scorer.answers(model)[0]) + "\n", encoding="utf-8")
     elif predictions:
         if task == "ner":
             rows = [{"tags": t} for t in scorer.word_tags(model, scorer.dev)]
         else:
             values = scorer.predictions(model, scorer.dev)
             rows = [{"value": v} if task == "regress" else {"label": model.config.id2label[v]} for v in values]
-        Path(predictions).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        Path(predictions).write_text("".join(dumps(r) + "\n" for r in rows), encoding="utf-8")
     return metrics

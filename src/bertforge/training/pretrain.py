@@ -13,7 +13,6 @@ which every machine with Python has, and ends with a fill-mask demo.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -22,9 +21,15 @@ from typing import Any
 import torch
 
 from ..data.corpus import CorpusOptions, iter_documents
-from ..data.shards import TokenShards, load_tokenizer_for, prepare, tokenizer_fingerprint
+from ..data.shards import (
+    TokenShards,
+    load_tokenizer_for,
+    prepare,
+    tokenizer_fingerprint,
+)
 from ..errors import BertforgeError
 from ..interop.hf import family_of, save_pretrained
+from ..jsonfile import dumps
 from ..models.registry import family
 from ..runconfig import PretrainConfig, TrainConfig
 from ..tasks.pretraining import build, check_model
@@ -157,7 +162,7 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
         plot_curves(out / "metrics.jsonl", out / "curves.png", title="pretraining")
         result = {"out": str(out), "steps": summary["step"], "stopped_by": summary["stop"],
                   "seconds": round(summary["elapsed"], 1), "eval": summary["eval"]}
-        (out / "pretrain_results.json").write_text(json.dumps({**result, "config": asdict(cfg)}, indent=2) + "\n",
+        (out / "pretrain_results.json").write_text(dumps({**result, "config": asdict(cfg)}, indent=2) + "\n",
                                                    encoding="utf-8")
         report(result, as_json, title=f"pretraining done: the model is in {out}/")
         if cfg.demo:

@@ -32,10 +32,18 @@ import torch
 
 from .. import invocation
 from ..errors import BertforgeError, NothingToDo, Stopped
+from ..jsonfile import dumps
 from ..runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
 from . import distributed as dist
-from .checkpoint import (latest_checkpoint, load_best_weights, load_checkpoint, load_rank_rng, read_trainer_state,
-                         save_checkpoint, torch_files)
+from .checkpoint import (
+    latest_checkpoint,
+    load_best_weights,
+    load_checkpoint,
+    load_rank_rng,
+    read_trainer_state,
+    save_checkpoint,
+    torch_files,
+)
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 
 
@@ -376,7 +384,7 @@ class Trainer:
     def _log(self, row: dict[str, Any]) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(dumps(row) + "\n")
 
     def _progress_bar(self, initial: int):
         from tqdm import tqdm
