@@ -40,3 +40,41 @@ def test_export_classifier_and_run_on_new_shapes(tmp_path):
     again = subprocess.run([sys.executable, "-m", "bertforge", "export", "onnx", "--model", str(tmp_path / "ckpt"),
                             "--out", str(out)], capture_output=True, text=True)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_a_sentence_transformers_directory_exports_its_sentence_embedding(tmp_path, minilm_dir):
+    """Pooling and Normalize are in the graph, so `sentence_embedding` is what SentenceTransformer.encode gives,
+    and the tokenizer is written beside the graph, giving the ids sentence-transformers gives."""
+    st = pytest.importorskip("sentence_transformers")
+    from tokenizers import Tokenizer as Backend
+
+    from conftest import sst2_sentences
+
+    out = tmp_path / "onnx" / "minilm.onnx"
+    result = subprocess.run([sys.executable, "-m", "bertforge", "export", "onnx", "--model", str(minilm_dir),
+                             "--out", str(out), "--json"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["outputs"] == ["token_embeddings", "sentence_embedding"] and report["max_abs_diff_fp32"] <= 1e-4
+    assert report["sentence_transformers"]["pooling"] == ["mean"] and report["sentence_transformers"]["normalize"]
+    assert {"tokenizer.json", "tokenizer_config.json", "vocab.txt"} <= set(report["tokenizer"])
+
+    sentences = sst2_sentences(32)
+    reference = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(sentences, convert_to_numpy=True)
+    backend = Backend.from_file(str(out.parent / "tokenizer.json"))
+    backend.enable_padding(pad_id=0)
+    backend.enable_truncation(json.loads((out.parent / "tokenizer_config.json").read_text())["model_max_length"])
+    enc = backend.encode_batch(sentences)
+    feeds = {"input_ids": np.array([e.ids for e in enc]), "token_type_ids": np.array([e.type_ids for e in enc]),
+             "attention_mask": np.array([e.attention_mask for e in enc])}
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    _, vectors = session.run(None, feeds)
+    assert vectors.shape == reference.shape and np.abs(vectors - reference).max() <= 1e-5
+
+
+def test_export_never_replaces_a_tokenizer_beside_the_graph_without_overwrite(tmp_path, minilm_dir):
+    (tmp_path / "tokenizer.json").write_text("a user's own file")
+    result = subprocess.run([sys.executable, "-m", "bertforge", "export", "onnx", "--model", str(minilm_dir),
+                             "--out", str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2 and "already holds tokenizer.json" in result.stderr, result.stderr
+    assert (tmp_path / "tokenizer.json").read_text() == "a user's own file" and not (tmp_path / "m.onnx").exists()

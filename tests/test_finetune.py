@@ -172,7 +172,7 @@ def test_finetune_eval_every_config_file_and_exact_resume(tmp_path, tiny_checkpo
     assert refused.returncode == 2 and "bad.json: batch_size must be an integer" in refused.stderr
     bad.write_text('{"batchsize": 8}', encoding="utf-8")
     refused = run("finetune", "classify", "--config", str(bad))
-    assert refused.returncode == 2 and "bad.json: unknown key 'batchsize'" in refused.stderr
+    assert refused.returncode == 2 and "bad.json: unknown key 'batchsize'; did you mean 'batch_size'?" in refused.stderr
 
 
 def test_finetune_unseen_dev_label_and_output_protection(tmp_path, tiny_checkpoint):

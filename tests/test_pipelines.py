@@ -27,6 +27,7 @@ def test_embed_equals_sentence_transformers(minilm_dir):
                                                                              convert_to_numpy=True)
     rows = list(run_predict("embed", str(minilm_dir), sentences))
     ours = np.array([r["embedding"] for r in rows], dtype=np.float32)
+    assert [r["text"] for r in rows] == sentences  # each line says which input it embeds
     assert ours.shape == reference.shape
     assert np.abs(ours - reference).max() <= 1e-5
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # the Normalize module was honoured

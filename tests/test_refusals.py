@@ -57,6 +57,7 @@ def test_bad_duration_is_one_line(command):
 @pytest.mark.parametrize("args, fragments", [
     (["pretrain", "--lr", "nan"], ["--lr", "not a finite number"]),
     (["finetune", "classify", "--bogus", "3"], ["No such option: --bogus"]),
+    (["finetune", "classify", "--epoch", "3"], ["No such option: --epoch", "Possible options: --epochs"]),
     (["inspect"], ["Missing argument 'PATH'"]),
     (["predict", "clasify", "--model", "x"], ["'clasify' is not one of"]),
     (["serve", "--model", "x", "--port", "eighty"], ["--port", "valid integer"]),

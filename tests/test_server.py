@@ -20,7 +20,9 @@ def server(minilm_dir):
 
 def test_health_and_docs(server):
     status, body = call(server, "/health")
-    assert status == 200 and body["architecture"] == "BertModel" and body["endpoints"] == ["/embed"]
+    # Every route that answers for an encoder, and none that would 404 (it has no /classify, /qa, ... head).
+    assert status == 200 and body["architecture"] == "BertModel"
+    assert body["endpoints"] == ["/embed", "/health", "/info", "/metrics", "/tokenize", "/v1/embeddings", "/docs"]
     status, spec = call(server, "/openapi.json")
     assert status == 200 and "/embed" in spec["paths"]
 

@@ -178,3 +178,18 @@ def test_rerank_tei_and_cohere_shapes_match_predict(cross_encoder, tmp_path):
         assert set(statuses) <= {200, 429} and statuses.count(429) > 0 and statuses.count(200) >= 2
         status, metrics = call(port, "/health")
         assert status == 200
+
+
+def test_info_calls_only_a_one_logit_model_a_reranker(cross_encoder, checkpoints):
+    """TEI's rule: one logit is a reranker; a 2-class classifier is a classifier (its /rerank still scores with
+    the second class's probability)."""
+    import torch
+
+    from bertforge.server.service import Limits, Service
+
+    try:
+        assert set(Service(str(cross_encoder), Limits()).info()["model_type"]) == {"reranker"}
+        two = Service(str(checkpoints["classifier"]), Limits()).info()
+        assert set(two["model_type"]) == {"classifier"} and "/rerank" in two["endpoints"]
+    finally:
+        torch.set_grad_enabled(True)  # a Service turns autograd off for its process

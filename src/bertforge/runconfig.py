@@ -17,6 +17,7 @@ help says the rule, and `__post_init__` applies it. This module imports no torch
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import sys
@@ -404,7 +405,8 @@ def read_config_file(path: str | Path, cls: type) -> dict[str, Any]:
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name not in known:
-            raise ConfigError(f"{path}: unknown key '{key}'")
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise ConfigError(f"{path}: unknown key '{key}'" + (f"; did you mean '{close[0]}'?" if close else ""))
         out[name] = _check_value(value, hints[name], f"{path}: {name}")
     return out
 

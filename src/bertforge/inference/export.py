@@ -22,8 +22,10 @@ import torch
 
 from ..errors import BertforgeError, require
 from ..interop.hf import head_of
+from ..interop.sentence_dir import SentencePipeline, read_sentence_dir
 from ..jsonfile import dumps
 from ..models.registry import HEADS
+from ..tokenization.kinds import load_tokenizer
 from ..safefiles import WriteRefused, disk_refusal, fsync_path, fsync_tree
 
 
@@ -41,6 +43,23 @@ class _Outputs(torch.nn.Module):
         if hasattr(out, "last_hidden_state"):
             return (out.last_hidden_state,) + ((out.pooler_output,) if out.pooler_output is not None else ())
         return (out.logits,)
+
+
+class _SentenceOutputs(torch.nn.Module):
+    """The encoder followed by a sentence-transformers directory's Pooling, Dense and Normalize modules:
+    `token_embeddings` float [B, T, H] and `sentence_embedding` float [B, D], the two outputs
+    `SentenceTransformer` itself names, so the graph gives what `encode` gives."""
+
+    def __init__(self, backbone: torch.nn.Module, sentence: SentencePipeline) -> None:
+        super().__init__()
+        self.backbone, self.sentence = backbone, sentence
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        hidden = self.backbone(input_ids, token_type_ids, attention_mask).last_hidden_state
+        return hidden, self.sentence(hidden, attention_mask)
+
+
+SENTENCE_OUTPUTS = ["token_embeddings", "sentence_embedding"]
 
 
 def _names(model) -> list[str]:
@@ -78,17 +97,43 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, o
     existed = out_path.exists()
     if existed and not overwrite:
         raise BertforgeError(f"{out_path}: already exists; pass --overwrite to replace it or choose another --out")
+    # The tokenizer is written beside the graph; files of that name that are there already are someone's.
+    taken = [p.name for p in map(out_path.parent.joinpath, TOKENIZER_FILES) if p.exists()
+             and (Path(model_dir) / p.name).is_file()]
+    if taken and not overwrite:
+        raise BertforgeError(f"{out_path.parent}: already holds {', '.join(taken)}, which the export writes beside the "
+                             "graph; pass --overwrite to replace them or choose an --out in another folder")
     model = head_of(model_dir).cls.from_pretrained(model_dir).eval()
+    sentence = read_sentence_dir(model_dir, model.config.hidden_size)
+    if sentence is not None and sentence.pooling == ("pooler",):
+        raise BertforgeError(f"{model_dir}: pooling by the backbone's pooler is not exported; use a token pooling mode")
+    # A checkpoint saved without its tokenizer exports without one.
+    has_tokenizer = any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
+    tokenizer = load_tokenizer(model_dir) if has_tokenizer else None
+    if sentence is not None and tokenizer is not None:  # its preprocessing travels in the tokenizer beside the graph
+        tokenizer = tokenizer.lowercased() if sentence.lowercase else tokenizer
+        if sentence.max_length:
+            tokenizer.model_max_length = min(sentence.max_length, model.config.max_sequence_length)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     # Everything is written into a hidden folder beside the target, checked, flushed, and only then renamed
     # into place: a full or read-only disk, or a failed check, leaves the previous export as it was.
     staging = None
     try:
         staging = Path(tempfile.mkdtemp(dir=out_path.parent, prefix=f".{out_path.name}."))
-        report = export_model(model, staging / out_path.name, int8=int8, opset=opset)
+        report = export_model(model, staging / out_path.name, int8=int8, opset=opset, sentence=sentence)
         report["onnx"] = str(out_path)
         if int8:
             report["int8"] = str(_int8_path(out_path))
+        if sentence is not None:
+            report["sentence_transformers"] = {"pooling": list(sentence.pooling), "normalize": sentence.normalize,
+                                               "dense_layers": sum(k == "dense" for k, _ in sentence.steps),
+                                               "max_length": sentence.max_length, "lowercase": sentence.lowercase,
+                                               "prompt": sentence.prompt,  # to put in front of each text yourself
+                                               "similarity": sentence.similarity}
+        (staging / "tokenizer").mkdir()
+        if tokenizer is not None:
+            tokenizer.save(staging / "tokenizer")
+        report["tokenizer"] = sorted(p.name for p in (staging / "tokenizer").iterdir())
         (staging / out_path.with_suffix(".json").name).write_text(dumps(report, indent=2) + "\n", encoding="utf-8")
         fsync_tree(staging)
     except Exception as exc:
@@ -99,7 +144,9 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, o
             raise
         kept = f"the previous {out_path.name} is intact" if existed else "nothing was written there"
         raise WriteRefused(f"cannot write {out_path}: {reason}; {kept}") from None
-    # The graphs first, the report that names them last.
+    # The graphs and the tokenizer first, the report that names them last.
+    for name in report["tokenizer"]:
+        os.replace(staging / "tokenizer" / name, out_path.parent / name)
     for target in (out_path, _int8_path(out_path) if int8 else None, out_path.with_suffix(".json")):
         if target is not None:
             os.replace(staging / target.name, target)
@@ -110,31 +157,40 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, o
     return report
 
 
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+"""What a saved tokenizer may consist of (by kind), and so what an export may write beside its graph."""
+
+
 def _int8_path(out_path: Path) -> Path:
     return out_path.with_name(out_path.stem + ".int8.onnx")
 
 
-def difference_from_torch(model: torch.nn.Module, run: Callable[[dict[str, np.ndarray]], list]) -> float:
+def difference_from_torch(model: torch.nn.Module, run: Callable[[dict[str, np.ndarray]], list],
+                          module: torch.nn.Module | None = None) -> float:
     """Largest absolute difference between `run` (an engine on int64 input_ids, token_type_ids and
     attention_mask arrays -> the model's outputs in `_names` order) and PyTorch, on a padded batch of
     a shape no export traced; padding positions of per-token outputs are left out."""
     check = _sample(model.config.vocab_size, 3, 23, 1)
     with torch.no_grad():
-        reference = [t.numpy() for t in _Outputs(model.eval())(*check.values())]
+        reference = [t.numpy() for t in (module or _Outputs(model.eval()))(*check.values())]
     got = run({k: v.numpy() for k, v in check.items()})
     real = check["attention_mask"].numpy().astype(bool)
     return max(float(np.abs((np.asarray(g) - r)[real] if r.shape[:2] == real.shape else np.asarray(g) - r).max())
                for g, r in zip(got, reference))
 
 
-def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, opset: int = 18) -> dict:
+def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, opset: int = 18,
+                 sentence: SentencePipeline | None = None) -> dict:
     """Export `model` (a bertforge backbone or head) to `out_path`, checked against PyTorch within
-    1e-4 on a padded batch of a shape the export never saw; with `int8`, also OUT.int8.onnx."""
+    1e-4 on a padded batch of a shape the export never saw; with `int8`, also OUT.int8.onnx. With
+    `sentence` (a sentence-transformers directory's modules), the graph ends in its sentence embedding."""
     require("export", "onnx", "onnxruntime", "onnxscript", what="ONNX export")
     import onnxruntime as ort
 
     model = model.eval()
-    names = _names(model)
+    module = _SentenceOutputs(getattr(model, "backbone", model), sentence) if sentence else _Outputs(model)
+    names = SENTENCE_OUTPUTS if sentence else _names(model)
     sample = _sample(model.config.vocab_size, 2, 16, 0)
     axes = {"batch": torch.export.Dim("batch", min=1, max=1024),
             "seq": torch.export.Dim("seq", min=2, max=model.config.max_sequence_length)}
@@ -143,7 +199,7 @@ def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, ops
     # The exporter's notes on axis naming, and on torchvision operators it skips, are not the user's concern.
     with warnings.catch_warnings(), _quiet("torch.onnx._internal.exporter._registration"):
         warnings.simplefilter("ignore")
-        torch.onnx.export(_Outputs(model), (sample["input_ids"], sample["token_type_ids"], sample["attention_mask"]),
+        torch.onnx.export(module, (sample["input_ids"], sample["token_type_ids"], sample["attention_mask"]),
                           str(out_path), input_names=list(sample), output_names=names, dynamic_shapes=shapes,
                           opset_version=opset, dynamo=True, external_data=False, verbose=False)
 
@@ -161,7 +217,7 @@ def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, ops
         report["int8"] = str(int8_path)
     for kind, path in files:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        report[f"max_abs_diff_{kind}"] = difference_from_torch(model, lambda feeds: session.run(None, feeds))
+        report[f"max_abs_diff_{kind}"] = difference_from_torch(model, lambda feeds: session.run(None, feeds), module)
     if report["max_abs_diff_fp32"] > 1e-4:
         out_path.unlink()
         raise BertforgeError(f"ONNX Runtime differs from PyTorch by {report['max_abs_diff_fp32']:.2e} (> 1e-4); "

@@ -80,8 +80,9 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
                                                     sentence=sentence))
 
         if task == "embed":
-            for vector in encode(texts):
-                yield {"embedding": [round(float(x), 7) for x in vector]}
+            # Each line carries its text, as every other task's does, so the output stands on its own.
+            for text, vector in zip(texts, encode(texts)):
+                yield {"text": text, "embedding": [round(float(x), 7) for x in vector]}
         elif against:
             scores = similarity(encode(texts), encode(against), sentence.similarity)
             for text, row in zip(texts, scores):

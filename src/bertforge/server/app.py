@@ -195,10 +195,18 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
     async def user_error(request: Request, exc: BertforgeError):
         return error_response(request.url.path, 422, str(exc))
 
+    def served(route) -> bool:
+        """Whether a route answers for this model: the model endpoints need their head, the rest always do."""
+        if "POST" not in getattr(route, "methods", ()):
+            return True
+        task = {"/v1/embeddings": "embed", "/tokenize": None}.get(route.path, route.path.lstrip("/"))
+        return task is None or task in batchers
+
     @app.get("/health", summary="liveness: the model is loaded and answering")
     async def health() -> dict:
+        routes = sorted({r.path for r in app.routes if getattr(r, "include_in_schema", False) and served(r)})
         return {"status": "ok", "model": str(model_dir), "architecture": service.architecture,
-                "endpoints": sorted(f"/{n}" for n in batchers)}
+                "endpoints": [*routes, "/docs"]}
 
     @app.get("/info", summary="what is served and under which limits (TEI's /info)")
     async def info() -> dict:

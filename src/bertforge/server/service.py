@@ -153,7 +153,7 @@ class Service:
     # ------------------------------------------------------------------ description
     def info(self) -> dict[str, Any]:
         """TEI's /info shape: what is served and under which limits."""
-        if "rerank" in self.tasks:
+        if "rerank" in self.tasks and self.config.num_labels == 1:  # TEI's rule: one logit is a reranker
             kind = {"reranker": {"id2label": {str(k): v for k, v in (self.config.id2label or {}).items()}}}
         elif "classify" in self.tasks:
             kind = {"classifier": {"id2label": {str(k): v for k, v in (self.config.id2label or {}).items()}}}

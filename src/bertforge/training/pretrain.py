@@ -162,6 +162,13 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
         plot_curves(out / "metrics.jsonl", out / "curves.png", title="pretraining")
         result = {"out": str(out), "steps": summary["step"], "stopped_by": summary["stop"],
                   "seconds": round(summary["elapsed"], 1), "eval": summary["eval"]}
+        if summary["stop"] == "schedule" and cfg.time_budget and summary["elapsed"] < 0.9 * cfg.time_budget:
+            # A time budget fixes the schedule's length once, at step 30, from the speed of steps 10-30; if the
+            # machine was busier then than later, the learning rate reaches zero before the budget is spent.
+            result["note"] = (f"the learning-rate schedule ended at step {summary['step']} after "
+                              f"{summary['elapsed']:.0f} s of the {cfg.time_budget:.0f} s budget: its length was "
+                              "fixed at step 30 from the speed then, and later steps ran faster (the machine was "
+                              "busier at the start). --max-steps N fixes the length yourself")
         (out / "pretrain_results.json").write_text(dumps({**result, "config": asdict(cfg)}, indent=2) + "\n",
                                                    encoding="utf-8")
         report(result, as_json, title=f"pretraining done: the model is in {out}/")
