@@ -49,8 +49,8 @@ def train_step(model, optimizer, batch) -> float:
     return time.perf_counter() - start
 
 
-def run_size(size: str, examples: list[dict], tokenizer: Tokenizer, hf_tokenizer, steps: int, batch_size: int,
-             warmup: int) -> dict:
+def paired_models(size: str, tokenizer: Tokenizer):
+    """(bertforge's, transformers') `BertForPreTraining` of a preset, in train mode, with the same weights."""
     ours_config = BertConfig.from_preset(size, vocab_size=tokenizer.vocab_size)
     hf_config = transformers.BertConfig(**{k: v for k, v in ours_config.to_dict().items()
                                            if k not in ("id2label", "label2id")}, attn_implementation="sdpa")
@@ -58,6 +58,12 @@ def run_size(size: str, examples: list[dict], tokenizer: Tokenizer, hf_tokenizer
     hf_model = transformers.BertForPreTraining(hf_config).train()
     ours = BertForPreTraining(ours_config).train()
     from_hf_state_dict(ours, hf_model.state_dict())
+    return ours, hf_model
+
+
+def run_size(size: str, examples: list[dict], tokenizer: Tokenizer, hf_tokenizer, steps: int, batch_size: int,
+             warmup: int) -> dict:
+    ours, hf_model = paired_models(size, tokenizer)
     hf_opt = torch.optim.AdamW(hf_model.parameters(), lr=1e-4)
     our_opt = torch.optim.AdamW(ours.parameters(), lr=1e-4)
     hf_collate = transformers.DataCollatorForLanguageModeling(hf_tokenizer, mlm_probability=0.15)

@@ -142,3 +142,23 @@ def run_inputs(tmp_path_factory) -> tuple[Path, Path]:
     text = write_corpus(root / "corpus.txt", n_docs=120, seed=5)
     Tokenizer.train([text], vocab_size=300, min_frequency=1).save(root / "tok")
     return text, root / "tok"
+
+
+class FixedBatches:
+    """A task for the torch training loop that hands out given pretraining micro-batches in order."""
+
+    def __init__(self, batches: list[dict]) -> None:
+        self.batches = batches
+
+    def micro_batches_per_epoch(self, epoch: int) -> int:
+        return len(self.batches)
+
+    def micro_batch(self, epoch: int, index: int) -> dict:
+        return self.batches[index]
+
+    def loss(self, model, batch):
+        out = model(**batch)
+        return out.loss, {"mlm_loss": out.mlm_loss.detach(), "nsp_loss": out.nsp_loss.detach()}
+
+    def evaluate(self, model) -> dict:
+        return {}

@@ -40,8 +40,11 @@ def small_disk(tmp_path: Path, size: str, read_only: bool = False) -> Iterator[P
 
 
 def one_line(result: subprocess.CompletedProcess, *words: str) -> str:
-    """The single stderr line of a refusal (exit 2, no traceback) that holds every word."""
-    lines = [line for line in result.stderr.strip().splitlines() if "Warning" not in line]
+    """The single stderr line of a refusal (exit 2, no traceback) that holds every word. A run that fails
+    mid-way has said what it was doing first (its precision, progress lines): those are not the refusal."""
+    progress = ("precision: ", "train: ")
+    lines = [line for line in result.stderr.strip().splitlines()
+             if "Warning" not in line and not line.startswith(progress)]
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     for word in words:

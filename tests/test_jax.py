@@ -18,7 +18,7 @@ from bertforge.models import registry as torch_registry  # noqa: E402
 from bertforge import jax as bjax  # noqa: E402
 from bertforge.models.bert import BertModel as TorchBertModel  # noqa: E402
 
-from conftest import TINY, shared  # noqa: E402
+from conftest import TINY, FixedBatches, shared  # noqa: E402
 
 
 def as_jax(batch: dict) -> dict:
@@ -119,24 +119,6 @@ def test_the_torch_path_never_imports_jax():
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
-class _FixedBatches:
-    """A task for the torch training loop that hands out given micro-batches in order."""
-
-    def __init__(self, batches: list[dict]) -> None:
-        self.batches = batches
-
-    def micro_batches_per_epoch(self, epoch: int) -> int:
-        return len(self.batches)
-
-    def micro_batch(self, epoch: int, index: int) -> dict:
-        return self.batches[index]
-
-    def loss(self, model, batch):
-        out = model(**batch)
-        return out.loss, {"mlm_loss": out.mlm_loss.detach(), "nsp_loss": out.nsp_loss.detach()}
-
-    def evaluate(self, model) -> dict:
-        return {}
 
 
 def test_training_steps_match_the_torch_trainer(tmp_path):
@@ -169,8 +151,9 @@ def test_training_steps_match_the_torch_trainer(tmp_path):
     # pretrain's default peak rate and decay; a large decay (0.1) shows a wrong decay group within steps
     lr, decay = 1e-4, 0.1
     cfg = TrainConfig(out=str(tmp_path / "torch"), batch_size=batch, grad_accum=accum, lr=lr, warmup=0.2,
-                      weight_decay=decay, max_steps=steps, log_every=1, save_every=None, progress=False)
-    Trainer(tmodel, _FixedBatches([{k: torch.from_numpy(v) for k, v in b.items()} for b in micro]), cfg).fit()
+                      weight_decay=decay, max_steps=steps, log_every=1, save_every=None, progress=False,
+                      precision="fp32")  # the JAX step's arithmetic
+    Trainer(tmodel, FixedBatches([{k: torch.from_numpy(v) for k, v in b.items()} for b in micro]), cfg).fit()
     torch_losses = [json.loads(line)["loss"] for line in (tmp_path / "torch" / "metrics.jsonl").read_text().splitlines()
                     if "loss" in json.loads(line)]
 

@@ -72,9 +72,11 @@ def test_outputs_and_hf_export(tmp_path, corpus, tokenizer_dir):
     assert transformers.AutoTokenizer.from_pretrained(out)("Doc1 alpha")["input_ids"][0] == Tokenizer.from_pretrained(out).cls_token_id
 
 
-def test_exact_resume_after_sigkill(tmp_path, corpus, tokenizer_dir):
-    """A run killed with SIGKILL at a random moment and resumed ends bitwise equal to an uninterrupted one."""
-    steps = ["--max-steps", "14", "--save-every", "2", "--eval-every", "7", "--keep-last", "2"]
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_exact_resume_after_sigkill(tmp_path, corpus, tokenizer_dir, precision):
+    """A run killed with SIGKILL at a random moment and resumed ends bitwise equal to an uninterrupted one, in
+    fp32 and in bf16 autocast (whose master weights and optimizer state are fp32, and saved as such)."""
+    steps = ["--max-steps", "14", "--save-every", "2", "--eval-every", "7", "--keep-last", "2", "--precision", precision]
     whole = tmp_path / "whole"
     assert cli(*base_args(corpus, tokenizer_dir, whole, *steps)).returncode == 0
 

@@ -129,6 +129,7 @@ def trace(cfg: FinetuneConfig, work: Path, dropout: bool = False) -> dict:
 
     train_cfg = TrainConfig(**{f.name: getattr(cfg, f.name) for f in fields(TrainConfig)})
     train_cfg.out, train_cfg.log_every, train_cfg.save_every = str(work / "bertforge"), 1, None
+    train_cfg.precision = "fp32"  # the Trainer's default arithmetic: the step-by-step comparison is of the same maths
     ours = Trainer(model, task, train_cfg)
     summary = ours.fit()  # it ends with a dev evaluation of the final model
     rows = [json.loads(line) for line in (work / "bertforge" / "metrics.jsonl").read_text().splitlines()]

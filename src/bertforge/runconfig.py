@@ -76,7 +76,8 @@ class LoopSettings:
     max_steps: int | None = setting(None, "stop after this many optimizer steps")
     epochs: float | None = setting(None, "stop after this many passes over the data")
     time_budget: float | None = setting(None, "stop after this long, in seconds or as 30m, 2h")
-    precision: str = setting("fp32", "fp32 or bf16 (autocast; bf16 is the CUDA choice)")
+    precision: str = setting("auto", "fp32, bf16 (autocast, fp32 master weights), or auto: bf16 where the CPU or "
+                                     "GPU has native bf16 (AMX, AVX512-BF16, Ampere+), else fp32")
     compile: bool = setting(False, "torch.compile the model")
     pack: bool = setting(False, "pack several examples per row (block-diagonal attention): same loss, fewer rows")
     seed: int = setting(0, "seed of every random choice: data order, masking, dropout, new weights")
@@ -97,12 +98,12 @@ class LoopSettings:
             raise ConfigError(f"{flag('warmup')} must be >= 0")
         if self.optimizer not in ("adamw", "lamb"):
             raise ConfigError(f"{flag('optimizer')} must be adamw or lamb, not {self.optimizer!r}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"{flag('precision')} must be fp32 or bf16, not {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"{flag('precision')} must be auto, fp32 or bf16, not {self.precision!r}")
         if self.backend not in ("torch", "jax"):
             raise ConfigError(f"{flag('backend')} must be torch or jax, not {self.backend!r}")
         if self.backend == "jax":  # what the JAX engine does not do (yet): refused, never ignored
-            for name, torch_only in (("optimizer", self.optimizer != "adamw"), ("precision", self.precision != "fp32"),
+            for name, torch_only in (("optimizer", self.optimizer != "adamw"), ("precision", self.precision == "bf16"),
                                      ("compile", self.compile), ("pack", self.pack)):
                 if torch_only:
                     raise ConfigError(f"{flag(name)} {getattr(self, name)} is not available with --backend jax")

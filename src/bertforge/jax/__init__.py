@@ -4,8 +4,11 @@
 transformers reads) into an `nnx.Module`; `save_pretrained` writes one both of them load. Install
 with `pip install "bertforge[jax]"`. The torch path never imports this package.
 
-Status: the encoder and the pretraining, masked-LM and classification heads, with checkpoint
-I/O both ways. The training step and `--backend jax` for the CLI are not built yet.
+What is here: the encoder and the pretraining, masked-LM and classification heads, with checkpoint
+I/O both ways (`bert.py`, `checkpoint.py`); the jitted training step (`train.py`) and the engine that
+puts it in bertforge's one training loop (`loop.py`), which `pretrain --backend jax` and
+`finetune classify --backend jax` use, with exact resume and data parallelism over JAX's devices
+(`devices.py`). See docs/jax.md for what it covers and what it refuses.
 """
 
 from .bert import (BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertModel, BertOutput,

@@ -91,6 +91,10 @@ class JaxTrainer(Trainer):
         if self.mesh is not None:
             print(f"jax: data parallel over {self.mesh.size} devices", flush=True)
 
+    def _set_precision(self, precision: str, why: str) -> None:
+        # The JAX step computes in float32 (bf16 is refused for it by the run's settings): `auto` means fp32 here.
+        super()._set_precision("fp32", "the JAX engine trains in fp32" if precision != "fp32" else why)
+
     def _place(self) -> None:
         """Data parallel: the model and optimizer state on every device (each batch is split over them)."""
         if self.mesh is not None:

@@ -45,6 +45,7 @@ from .checkpoint import (
     torch_files,
 )
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
+from .precision import autocast_for, resolve
 
 
 class TrainingDiverged(BertforgeError):
@@ -81,8 +82,7 @@ class Trainer:
         self.rank = dist.rank()
         self.optimizer = self._make_optimizer()
         self.train_model = dist.wrap(torch.compile(self.model) if config.compile else self.model)
-        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if config.precision == "bf16" \
-            else contextlib.nullcontext
+        self._set_precision(*resolve(config.precision, self.device))
         self.metrics_file = self.out / "metrics.jsonl"
         self.checkpoints = self.out / "checkpoints"
         self.state: dict[str, Any] = {"epoch": 0, "position": 0, "horizon": None, "elapsed": 0.0,
@@ -94,6 +94,12 @@ class Trainer:
         self.result_file: Path | None = None
         # Called once the run is known to train (after that check): where the caller records its settings.
         self.on_start: Callable[[], None] | None = None
+
+    def _set_precision(self, precision: str, why: str) -> None:
+        """Use `precision` (fp32 or bf16): it is part of the run's settings, so a resume keeps it."""
+        self.precision, self.precision_reason = precision, why
+        self.autocast = autocast_for(precision, self.device)
+        self.run_info["precision"] = precision
 
     # ------------------------------------------------------------------ schedule
     def _steps_per_epoch(self, epoch: int) -> int:
@@ -124,6 +130,10 @@ class Trainer:
         # The settings first: a checkpoint of other settings (or another --backend) is refused by
         # name before its files are read.
         saved_run = read_trainer_state(path).get("run", {})
+        saved_run.setdefault("precision", "fp32")  # checkpoints from before --precision auto recorded none
+        if self.config.precision == "auto" and saved_run["precision"] in ("fp32", "bf16"):
+            # What `auto` chose when the run started, not what it would choose here: the resume stays exact.
+            self._set_precision(saved_run["precision"], "the precision this run started with")
         differences = [k for k in sorted(set(saved_run) | set(self.run_info))
                        if k not in _RESUME_FREE and saved_run.get(k) != self.run_info.get(k)]
         if differences:
@@ -160,6 +170,8 @@ class Trainer:
                               f"To train further, start a new run from its model: --model {self.out} --out NEW")
         if self.on_start is not None:
             self.on_start()
+        if dist.is_main():
+            print(f"precision: {self.precision} ({self.precision_reason})", file=sys.stderr, flush=True)
         if not resume:
             self.state["horizon"] = self._initial_horizon()
             if dist.is_main() and self.metrics_file.exists():  # a fresh run's log starts empty

@@ -1,0 +1,137 @@
+"""Training against the machine's peak: shares of the matmul peak, measured in the same run.
+
+For each size (`mini`, `base`) and precision (fp32, bf16 autocast), three figures in real (non-pad)
+tokens/s, each turned into a share of peak with FLOPs = 6 x non-embedding parameters x real tokens
+(which gives no credit for attention scores or transformers' full-vocabulary decoder: conservative):
+
+- the model step alone: bertforge's `BertForPreTraining` forward, backward and optimizer update on
+  B16 L128 WikiText-2 sentence pairs, interleaved step for step with transformers' on the same
+  batches and weights (AdamW each; transformers' under the same autocast);
+- end to end: `bertforge pretrain` on the same corpus, from the median logged tokens/s (batch
+  building, masking, logging, clipping and the optimizer all counted);
+- the peaks: a 2048² matmul in fp32 (MKL's sgemm, which `torch.mm` uses, and oneDNN's, through the
+  fused path's packed linear; the faster counts) and in bf16, measured before each size.
+
+    python -m benchmarks.train_peak [--sizes mini,base] [--steps 6] [--e2e-steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from bertforge import Tokenizer
+from bertforge.data.pretraining import MaskingCollator
+from bertforge.training.pretrain import PretrainConfig, run_pretrain
+
+from .common import machine, median, minilm_dir, save, wikitext_articles
+from .pretrain_throughput import pair_examples, paired_models, train_step
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def matmul_peaks(n: int = 2048, repeats: int = 9) -> dict[str, float]:
+    """GFLOP/s of an n x n x n matmul: MKL fp32, oneDNN fp32, bf16 (medians)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous())
+    ab, bb = a.bfloat16(), b.bfloat16()
+    runs = {"mkl_fp32": lambda: torch.mm(a, b),
+            "onednn_fp32": lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""),
+            "bf16": lambda: torch.mm(ab, bb)}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for f in runs.values():
+        f()
+    for _ in range(repeats):  # interleaved, so a drift of the machine reaches all three
+        for name, f in runs.items():
+            start = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - start)
+    peaks = {k: 2 * n ** 3 / median(v) / 1e9 for k, v in times.items()}
+    peaks["fp32"] = max(peaks["mkl_fp32"], peaks["onednn_fp32"])
+    return peaks
+
+
+def non_embedding_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if ".embeddings." not in f".{name}")
+
+
+def model_steps(size: str, examples: list[dict], tokenizer: Tokenizer, steps: int, warmup: int = 2) -> dict:
+    """Model-step tokens/s of bertforge and transformers, per precision, interleaved step by step."""
+    ours, hf_model = paired_models(size, tokenizer)
+    # Each library's default AdamW: torch's fused kernel is what bertforge's loop uses (training/optim.py).
+    optimizers = {"transformers": torch.optim.AdamW(hf_model.parameters(), lr=1e-4),
+                  "bertforge": torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True)}
+    collate = MaskingCollator(tokenizer, 128)
+    rng = np.random.default_rng(0)
+    batches = [collate(examples[i * 16:(i + 1) * 16], rng) for i in range(warmup + steps)]
+    result = {"non_embedding_parameters": non_embedding_parameters(ours)}
+    for precision in PRECISIONS:
+        context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" \
+            else contextlib.nullcontext
+        rates: dict[str, list[float]] = {"transformers": [], "bertforge": []}
+        for i, batch in enumerate(batches):
+            real = int(batch["attention_mask"].sum())
+            for name, model in (("transformers", hf_model), ("bertforge", ours)):
+                with context():
+                    seconds = train_step(model, optimizers[name], dict(batch))
+                if i >= warmup:
+                    rates[name].append(real / seconds)
+        result[precision] = {name: median(v) for name, v in rates.items()}
+    return result
+
+
+def end_to_end(size: str, corpus: Path, work: Path, precision: str, steps: int) -> float:
+    """Median logged real tokens/s of `bertforge pretrain` (first 10 steps left out)."""
+    out = work / f"{size}-{precision}"
+    cfg = PretrainConfig(corpus=[str(corpus)], model=size, out=str(out), seq_len=128,
+                         batch_size=16, max_steps=steps, eval_every=10_000, save_every=10_000, log_every=5,
+                         progress=False, precision=precision, seed=0, tokenizer=str(minilm_dir()))
+    run_pretrain(cfg)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return median([r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > 10])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="mini,base")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--e2e-steps", type=int, default=60)
+    args = parser.parse_args()
+    tokenizer = Tokenizer.from_pretrained(minilm_dir())
+    examples = pair_examples(tokenizer, 128, (args.steps + 2) * 16)
+    work = Path(tempfile.mkdtemp(prefix="bf-train-peak-"))
+    corpus = work / "wikitext2-articles.jsonl"
+    corpus.write_text("".join(json.dumps({"text": a}) + "\n" for a in wikitext_articles()), encoding="utf-8")
+    result = {"machine": machine(), "batch_size": 16, "seq_len": 128, "torch": torch.__version__,
+              "transformers": transformers.__version__, "flops": "6 x non-embedding parameters x real tokens",
+              "command": f"python -m benchmarks.train_peak --sizes {args.sizes} --steps {args.steps} "
+                         f"--e2e-steps {args.e2e_steps}", "rows": []}
+    for size in args.sizes.split(","):
+        peaks = matmul_peaks()
+        steps = model_steps(size, examples, tokenizer, args.steps)
+        flops_per_token = 6 * steps["non_embedding_parameters"]
+        for precision in PRECISIONS:
+            peak = peaks[precision]
+            e2e = end_to_end(size, corpus, work, precision, args.e2e_steps)
+            ours, theirs = steps[precision]["bertforge"], steps[precision]["transformers"]
+            row = {"size": size, "precision": precision, "peak_gflops": round(peak),
+                   "peaks": {k: round(v) for k, v in peaks.items()},
+                   "model_step_tokens_per_s": round(ours), "model_step_share": round(ours * flops_per_token / 1e9 / peak, 3),
+                   "transformers_step_tokens_per_s": round(theirs), "vs_transformers": round(ours / theirs, 2),
+                   "end_to_end_tokens_per_s": round(e2e), "end_to_end_share": round(e2e * flops_per_token / 1e9 / peak, 3),
+                   "end_to_end_over_model_step": round(e2e / ours, 2)}
+            result["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    print("saved", save("train_peak", result))
+
+
+if __name__ == "__main__":
+    main()
