@@ -247,3 +247,22 @@ def test_a_second_prepare_of_one_out_is_refused_by_name(tmp_path, run_inputs):
     time.sleep(0.1)
     assert cli("prepare", str(corpus), "--tokenizer", str(tok), "--out", str(out), "--workers", "1").returncode == 0
     assert (out / "meta.json").is_file()
+
+
+def test_a_refusal_deep_inside_a_checkpoint_names_the_intact_checkpoint(tmp_path):
+    """The model file of a checkpoint is itself written atomically; its refusal must not hide which checkpoint
+    survived (it used to name only the temporary file)."""
+    from bertforge.safefiles import WriteRefused
+    from bertforge.training.checkpoint import save_checkpoint
+
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 1, lambda folder: (folder / "model.safetensors").write_bytes(b"ok"), {})
+
+    def full_disk(folder: Path) -> None:
+        raise WriteRefused(f"cannot write {folder}/model.safetensors: No space left on device; nothing was written "
+                           "there", "No space left on device")
+
+    with pytest.raises(WriteRefused, match=r"cannot write checkpoint step-00000002 in .*: No space left on device; "
+                                           r"checkpoint step-00000001 is intact"):
+        save_checkpoint(root, 2, full_disk, {})
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000001"]

@@ -9,18 +9,21 @@ read-only one.
 - `disk_refusal(exc, where)`: the operating system's reason when a write failed for want of space or
   permission, also when a library hid it (torch.save's "unexpected pos", safetensors' "os error 28");
   None for anything else, which is a bug and keeps its traceback.
-- `WriteRefused`: the one-line error that says which path failed, why, and what is intact.
+- `refusing_writes(what, where, intact, cleanup)`: a block whose failures of that kind become one
+  `WriteRefused` line saying which path failed, why, and what is intact (`atomic_write`, checkpoints
+  and exports all go through it, so a refusal raised deep inside one keeps its reason).
 
 A leaf module: it imports only `errors`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import BertforgeError
@@ -33,7 +36,11 @@ NEARLY_FULL_BYTES = 1 << 20  # a write that failed with less than this left on i
 
 
 class WriteRefused(BertforgeError):
-    """A file could not be written: the disk is full or read-only, or permission is denied."""
+    """A file could not be written: the disk is full or read-only, or permission is denied (`reason`)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def umask() -> int:
@@ -63,36 +70,48 @@ def atomic_write(target: str | Path, write: Callable[[str], None]) -> None:
     """`write(tmp)` writes the file at the path it is given; it is then flushed and renamed to `target`."""
     target = Path(target)
     existed = target.exists()
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    tmp: list[str] = []
+
+    def remove_partial() -> None:
+        if tmp and os.path.exists(tmp[0]):
+            os.unlink(tmp[0])
+
+    kept = f"the previous {target.name} is intact" if existed else "nothing was written there"
+    with refusing_writes(str(target), target.parent, lambda: kept, remove_partial):
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         os.close(fd)
-        write(tmp)
+        tmp.append(name)
+        write(name)
         # mkstemp makes the file private (0600); give it the mode any new file gets under the umask,
         # so that another user or a serving container can read it.
-        os.chmod(tmp, 0o666 & ~umask())
-        fsync_path(tmp)
-        os.replace(tmp, target)
+        os.chmod(name, 0o666 & ~umask())
+        fsync_path(name)
+        os.replace(name, target)
         fsync_path(target.parent)
+
+
+@contextlib.contextmanager
+def refusing_writes(what: str, where: str | Path, intact: Callable[[], str],
+                    cleanup: Callable[[], None] | None = None) -> Iterator[None]:
+    """Run a block that writes `what` under the directory `where`. If it fails, `cleanup()` removes what it left;
+    a failure that is the machine's (see `disk_refusal`) then becomes `WriteRefused`: "cannot write WHAT:
+    REASON; INTACT", with `intact()` saying what survived. Anything else is re-raised as it was."""
+    try:
+        yield
     except Exception as exc:
-        reason = disk_refusal(exc, target.parent)
+        reason = disk_refusal(exc, where)  # before the cleanup gives the space back
+        if cleanup is not None:
+            cleanup()
         if reason is None:
             raise
-        kept = f"the previous {target.name} is intact" if existed else "nothing was written there"
-        raise WriteRefused(f"cannot write {target}: {reason}; {kept}") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def atomic_write_text(target: str | Path, text: str) -> None:
-    """A UTF-8 text file, written as `atomic_write` writes."""
-    atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        raise WriteRefused(f"cannot write {what}: {reason}; {intact()}", reason) from None
 
 
 def disk_refusal(exc: BaseException, where: str | Path) -> str | None:
     """Why a write under `where` failed, in the operating system's words, when the cause is the machine's
     (no space, read-only, permission); None when it is not."""
+    if isinstance(exc, WriteRefused):  # said already by a write inside this one: the outer one names what survived
+        return exc.reason
     if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
         return exc.strerror or os.strerror(exc.errno)
     found = re.search(r"os error (\d+)", str(exc))  # safetensors reports the OS error inside its own message

@@ -25,8 +25,8 @@ from ..interop.hf import head_of
 from ..interop.sentence_dir import SentencePipeline, read_sentence_dir
 from ..jsonfile import dumps
 from ..models.registry import HEADS
+from ..safefiles import fsync_path, fsync_tree, refusing_writes
 from ..tokenization.kinds import load_tokenizer
-from ..safefiles import WriteRefused, disk_refusal, fsync_path, fsync_tree
 
 
 class _Outputs(torch.nn.Module):
@@ -117,9 +117,12 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, o
     out_path.parent.mkdir(parents=True, exist_ok=True)
     # Everything is written into a hidden folder beside the target, checked, flushed, and only then renamed
     # into place: a full or read-only disk, or a failed check, leaves the previous export as it was.
-    staging = None
-    try:
-        staging = Path(tempfile.mkdtemp(dir=out_path.parent, prefix=f".{out_path.name}."))
+    kept = f"the previous {out_path.name} is intact" if existed else "nothing was written there"
+    folders: list[Path] = []  # the staging folder, once made
+    with refusing_writes(str(out_path), out_path.parent, lambda: kept,
+                         cleanup=lambda: [shutil.rmtree(f, ignore_errors=True) for f in folders]):
+        folders.append(Path(tempfile.mkdtemp(dir=out_path.parent, prefix=f".{out_path.name}.")))
+        staging = folders[0]
         report = export_model(model, staging / out_path.name, int8=int8, opset=opset, sentence=sentence)
         report["onnx"] = str(out_path)
         if int8:
@@ -136,14 +139,6 @@ def export_onnx(model_dir: str, out: str, int8: bool = False, opset: int = 18, o
         report["tokenizer"] = sorted(p.name for p in (staging / "tokenizer").iterdir())
         (staging / out_path.with_suffix(".json").name).write_text(dumps(report, indent=2) + "\n", encoding="utf-8")
         fsync_tree(staging)
-    except Exception as exc:
-        reason = disk_refusal(exc, out_path.parent)
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        if reason is None:
-            raise
-        kept = f"the previous {out_path.name} is intact" if existed else "nothing was written there"
-        raise WriteRefused(f"cannot write {out_path}: {reason}; {kept}") from None
     # The graphs and the tokenizer first, the report that names them last.
     for name in report["tokenizer"]:
         os.replace(staging / "tokenizer" / name, out_path.parent / name)

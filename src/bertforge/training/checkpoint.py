@@ -32,7 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
-from ..safefiles import WriteRefused, disk_refusal, fsync_path, fsync_tree
+from ..safefiles import fsync_path, fsync_tree, refusing_writes
 
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -77,7 +77,13 @@ def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], traine
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
-    try:
+    def intact() -> str:
+        last = latest_checkpoint(root)
+        return (f"checkpoint {last.name} is intact: free space (or make {root} writable) and run again with "
+                "--resume" if last else "no earlier checkpoint exists")
+
+    with refusing_writes(f"checkpoint {final.name} in {root}", root, intact,
+                         cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True)):
         if tmp.exists():
             shutil.rmtree(tmp)  # an earlier save of ours that was cut off
         tmp.mkdir()
@@ -89,15 +95,6 @@ def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], traine
         state = dict(trainer_state, step=step, rng=rng_state())
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
         fsync_tree(tmp)  # on the disk before its name says it is complete
-    except Exception as exc:
-        reason = disk_refusal(exc, root)
-        shutil.rmtree(tmp, ignore_errors=True)  # give back the space the partial save took
-        if reason is None:
-            raise
-        last = latest_checkpoint(root)
-        intact = (f"checkpoint {last.name} is intact: free space (or make {root} writable) and run again with "
-                  "--resume" if last else "no earlier checkpoint exists")
-        raise WriteRefused(f"cannot write checkpoint {final.name} in {root}: {reason}; {intact}") from None
     if final.exists():  # the same step saved again (e.g. the final save right after a periodic one)
         shutil.rmtree(final)
     os.replace(tmp, final)
