@@ -50,9 +50,10 @@ def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
 
 def _run_sorted(texts: list, tokenizer: Tokenizer, max_length: int, batch_size: int,
                 step: Callable[[dict, list[int]], list], pairs: list | None = None,
-                progress: bool = False, device: torch.device | None = None) -> list:
+                progress: bool = False, device: torch.device | None = None, truncation_side: str = "right") -> list:
     """Tokenise, then `run_sorted`: `step(batch, rows)` -> one result per row, in input order."""
-    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, return_token_type_ids=True)
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, return_token_type_ids=True,
+                    truncation_side=truncation_side)
     features = [{"input_ids": ids, "token_type_ids": types} for ids, types in zip(enc["input_ids"], enc["token_type_ids"])]
     return run_sorted(features, tokenizer.pad_token_id, batch_size, step, device=device, progress=progress)
 
@@ -143,8 +144,10 @@ def fill_mask_joint(model, tokenizer: Tokenizer, text: str) -> dict:
 # ----------------------------------------------------------------------------- classify
 @torch.no_grad()
 def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | None = None,
-             batch_size: int = 32) -> list[dict]:
-    """Label and scores per text: softmax, sigmoid for multi-label, the value for regression."""
+             batch_size: int = 32, logits: bool = False, truncation_side: str = "right") -> list[dict]:
+    """Label and scores per text: softmax, sigmoid for multi-label, the value for regression.
+    With `logits`, each row also carries the raw logits (`"logits": [num_labels]`). A long input
+    (or pair) is cut on `truncation_side`."""
     model.eval()
     config = model.config
     kind = model.problem_type()
@@ -152,39 +155,63 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
         f"LABEL_{i}" for i in range(config.num_labels)]
 
     def step(batch, rows):
-        logits = model(**batch).logits.float()
         out = []
-        for row in logits:
+        for row in model(**batch).logits.float():
+            raw = {"logits": row.tolist()} if logits else {}
             if kind == "regression":
-                out.append({"value": float(row[0])})
+                out.append({"value": float(row[0]), **raw})
                 continue
             probs = torch.sigmoid(row) if kind == "multi_label_classification" else row.softmax(-1)
             scores = {names[i]: float(p) for i, p in enumerate(probs)}
             if kind == "multi_label_classification":
-                out.append({"labels": [n for n, p in scores.items() if p >= 0.5], "scores": scores})
+                out.append({"labels": [n for n, p in scores.items() if p >= 0.5], "scores": scores, **raw})
             else:
                 best = int(probs.argmax())
-                out.append({"label": names[best], "score": float(probs[best]), "scores": scores})
+                out.append({"label": names[best], "score": float(probs[best]), "scores": scores, **raw})
         return out
 
     return _run_sorted(texts, tokenizer, config.max_sequence_length, batch_size, step, pairs=pairs,
-                       device=device_of(model))
+                       device=device_of(model), truncation_side=truncation_side)
 
 
 # ----------------------------------------------------------------------------- embeddings
 EMBED_POOLING = ("pooler", *POOLING_MODES)
 
 
+def _features(tokenizer: Tokenizer, inputs: list[str | list[int]], max_length: int,
+              truncation_side: str = "right") -> list[dict]:
+    """Model inputs for a mix of texts and token-id lists, cut to `max_length` on `truncation_side`.
+
+    A text is tokenised with its special tokens; a list of ids is the model's own tokens and is used
+    as given (TEI's rule for token-id input: nothing is added), cut the same way.
+    """
+    features: list = [None] * len(inputs)
+    texts = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+    if texts:
+        enc = tokenizer([inputs[i] for i in texts], truncation=True, max_length=max_length,
+                        return_token_type_ids=True, truncation_side=truncation_side)
+        for i, ids, types in zip(texts, enc["input_ids"], enc["token_type_ids"]):
+            features[i] = {"input_ids": ids, "token_type_ids": types}
+    for i, x in enumerate(inputs):
+        if not isinstance(x, str):
+            ids = [int(t) for t in x]
+            ids = ids[-max_length:] if truncation_side == "left" else ids[:max_length]
+            features[i] = {"input_ids": ids, "token_type_ids": [0] * len(ids)}
+    return features
+
+
 @torch.no_grad()
-def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", normalize: bool = False,
+def embed(model, tokenizer: Tokenizer, texts: list[str | list[int]], pooling: str = "mean", normalize: bool = False,
           batch_size: int = 32, max_length: int | None = None, progress: bool = False,
-          sentence: SentencePipeline | None = None) -> np.ndarray:
+          sentence: SentencePipeline | None = None, truncation_side: str = "right") -> np.ndarray:
     """Sentence vectors, float32 [len(texts), D].
 
     With `sentence` (read from a sentence-transformers directory by `read_sentence_dir`), its
     pooling, Dense layers, normalisation, prompt, lower-casing and maximum length are applied,
     as sentence-transformers applies them. Otherwise `pooling` is one of sentence-transformers'
     modes (mean over real tokens, cls, max, ...) or "pooler" (the backbone's tanh pooler).
+    An input may also be a list of token ids, used as given (no prompt, no special tokens added).
+    A long input is cut on `truncation_side` ("right", or "left" to keep its end).
     """
     if sentence is None:
         if pooling not in EMBED_POOLING:
@@ -198,7 +225,7 @@ def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", 
     if sentence.lowercase:
         tokenizer = tokenizer.lowercased()
     if sentence.prompt:
-        texts = [sentence.prompt + t for t in texts]
+        texts = [sentence.prompt + t if isinstance(t, str) else t for t in texts]
     max_length = min(sentence.max_length or max_length or tokenizer.model_max_length,
                      backbone.config.max_sequence_length)
 
@@ -211,9 +238,28 @@ def embed(model, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean", 
             v = sentence(out.last_hidden_state.float(), batch["attention_mask"])
         return list(v.cpu().numpy())
 
-    vectors = _run_sorted(texts, tokenizer, max_length, batch_size, step, progress=progress,
-                          device=device_of(backbone))
+    features = _features(tokenizer, texts, max_length, truncation_side)
+    vectors = run_sorted(features, tokenizer.pad_token_id, batch_size, step, device=device_of(backbone),
+                         progress=progress)
     return np.stack(vectors) if vectors else np.zeros((0, backbone.config.hidden_size), dtype=np.float32)
+
+
+@torch.no_grad()
+def token_vectors(model, tokenizer: Tokenizer, texts: list[str | list[int]], max_length: int | None = None,
+                  truncation_side: str = "right", batch_size: int = 32) -> list[np.ndarray]:
+    """The encoder's last hidden state at every token of each input, special tokens included:
+    float32 [T_i, H] per input (TEI's /embed_all; sentence-transformers' `output_value="token_embeddings"`)."""
+    backbone = getattr(model, "backbone", model)
+    backbone.eval()
+    max_length = min(max_length or tokenizer.model_max_length, backbone.config.max_sequence_length)
+
+    def step(batch, rows):
+        hidden = backbone(**batch).last_hidden_state.float().cpu().numpy()
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        return [hidden[j, :n] for j, n in enumerate(lengths)]
+
+    return run_sorted(_features(tokenizer, texts, max_length, truncation_side), tokenizer.pad_token_id, batch_size,
+                      step, device=device_of(backbone))
 
 
 def read_inputs(texts: list[str], input_file: str | None, stdin_lines: list[str] | None = None) -> list[Any]:

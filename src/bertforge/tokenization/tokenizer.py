@@ -448,7 +448,7 @@ class Tokenizer:
                  return_word_ids: bool = False, return_overflowing_tokens: bool = False,
                  return_special_tokens_mask: bool = False, add_special_tokens: bool = True,
                  pad_to_multiple_of: int | None = None, is_split_into_words: bool = False,
-                 return_token_type_ids: bool | None = None) -> Encoding:
+                 return_token_type_ids: bool | None = None, truncation_side: str = "right") -> Encoding:
         """Encode one text or a batch, as transformers' tokenizers do.
 
         truncation: False, True / "longest_first", "only_first" or "only_second".
@@ -458,6 +458,8 @@ class Tokenizer:
         overlap by `stride` tokens; `overflow_to_sample_mapping` says which input each came from.
         is_split_into_words: each text is a list of words (e.g. NER tokens); word ids index them.
         return_token_type_ids: None follows `model_input_names` (RoBERTa's tokenizers send none).
+        truncation_side: "right" cuts the end of a long text (the default, as everywhere in bertforge);
+            "left" cuts its beginning, as TEI's `truncation_direction: left` asks.
         """
         pair = text_pair if text_pair is not None else text_pairs
         unit = list if is_split_into_words else str
@@ -475,6 +477,8 @@ class Tokenizer:
                     "only_second": "only_second"}.get(truncation)
         if truncation and strategy is None:
             raise ValueError(f"unknown truncation {truncation!r}")
+        if truncation_side not in ("left", "right"):
+            raise ValueError(f"unknown truncation_side {truncation_side!r} (left or right)")
         if max_length is None and (strategy or padding == "max_length"):
             max_length = self.model_max_length
         if strategy:
@@ -486,7 +490,7 @@ class Tokenizer:
                 raise TokenizerError(f"max_length {max_length} is too short: it must leave each text at least one "
                                      f"token beside the special tokens (at least {least})")
             try:
-                self.backend.enable_truncation(max_length, stride=stride, strategy=strategy)
+                self.backend.enable_truncation(max_length, stride=stride, strategy=strategy, direction=truncation_side)
             except ValueError as exc:  # e.g. a stride as long as the window
                 raise TokenizerError(str(exc).strip().rstrip(",")) from None
         else:
