@@ -65,6 +65,41 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+SERVE_KEY = "test-key-123"
+
+
+@pytest.fixture(scope="session")
+def embedder(minilm_dir):
+    """`bertforge serve` on all-MiniLM-L6-v2 over loopback, with the API key SERVE_KEY and the served name
+    "minilm", shared by the server tests; yields its port."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from server_utils import running_server
+
+    with running_server(minilm_dir, "--api-key", SERVE_KEY, "--served-model-name", "minilm") as (port, _):
+        yield port
+
+
+@pytest.fixture(scope="session")
+def st_model(minilm_dir):
+    """all-MiniLM-L6-v2 in sentence-transformers, the reference for the server's vectors."""
+    st = pytest.importorskip("sentence_transformers")
+    return st.SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def cross_encoder(tmp_path_factory, minilm_dir) -> Path:
+    """A small cross-encoder: one relevance logit on all-MiniLM-L6-v2's vocabulary."""
+    from bertforge import BertConfig, BertForSequenceClassification, Tokenizer
+
+    path = tmp_path_factory.mktemp("reranker")
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(3)
+    config = BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(path, tokenizer=tok)
+    return path
+
+
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=64)
 

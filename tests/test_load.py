@@ -30,3 +30,23 @@ def test_load_with_bad_requests_in_the_middle(minilm_dir):
 def test_load_refuses_targets_off_this_machine():
     with pytest.raises(InputError, match="not a loopback address"):
         run_load("10.1.2.3", 80, "/embed", {}, concurrency=1, duration=1)  # refused before any traffic
+
+
+def test_load_on_the_compatible_routes(minilm_dir):
+    """A short bounded load on each route the compatible APIs brought (TEI's /, OpenAI's, Cohere's, /similarity,
+    /embed_all), with an empty request sent in the middle: every normal request 200, the empty one 400 (every
+    dialect answers an empty input list 400), the server healthy after."""
+    targets = {"/": ({"inputs": ["a short sentence to embed"]}, {"inputs": []}),
+               "/v1/embeddings": ({"input": ["a short sentence"], "model": "m"}, {"input": [], "model": "m"}),
+               "/v2/embed": ({"texts": ["a short sentence"], "model": "m", "input_type": "search_query"},
+                             {"texts": [], "model": "m", "input_type": "search_query"}),
+               "/similarity": ({"inputs": {"source_sentence": "a dog", "sentences": ["a puppy", "a cat"]}},
+                               {"inputs": {"source_sentence": "a dog", "sentences": []}}),
+               "/embed_all": ({"inputs": "a short sentence"}, {"inputs": []})}
+    with running_server(minilm_dir, "--served-model-name", "m") as (port, proc):
+        for path, (body, empty) in targets.items():
+            result = run_load("127.0.0.1", port, path, body, concurrency=4, duration=1.5, max_requests=400,
+                              bad_requests={"empty": (path, json.dumps(empty).encode())}, server_pid=proc.pid)
+            assert result.requests > 4 and result.statuses == {200: result.requests}, (path, result.summary())
+            assert result.bad_requests == {"empty": 400}, path
+        assert call(port, "/health")[0] == 200

@@ -22,7 +22,9 @@ def test_health_and_docs(server):
     status, body = call(server, "/health")
     # Every route that answers for an encoder, and none that would 404 (it has no /classify, /qa, ... head).
     assert status == 200 and body["architecture"] == "BertModel"
-    assert body["endpoints"] == ["/embed", "/health", "/info", "/metrics", "/tokenize", "/v1/embeddings", "/docs"]
+    assert body["endpoints"] == ["/", "/decode", "/embed", "/embed_all", "/embeddings", "/health", "/info",
+                                 "/invocations", "/metrics", "/ping", "/similarity", "/tokenize", "/v1/embed",
+                                 "/v1/embeddings", "/v2/embed", "/docs"]
     status, spec = call(server, "/openapi.json")
     assert status == 200 and "/embed" in spec["paths"]
 
@@ -39,15 +41,17 @@ def test_embed_and_concurrent_micro_batching(server):
 
 def test_limits_and_bad_requests(server):
     status, body = call(server, "/classify", {"texts": ["x"]})
-    assert status == 404 and "no head for /classify" in body["error"]
+    assert status == 404 and "no sequence-classification head" in body["error"]
     status, body = call(server, "/embed", {"texts": ["x"] * 5})
-    assert status == 422 and "texts: List should have at most 4 items" in body["error"]
+    assert (status, body) == (413, {"error": "texts has 5 texts; this server takes at most 4 per request (--max-texts)",
+                                    "error_type": "validation"})
     status, body = call(server, "/embed", {"texts": ["x" * 300]})
-    assert status == 422 and "texts.0: String should have at most 200 characters" in body["error"]
+    assert status == 413 and body["error"] == "texts[0] has 300 characters; this server takes at most 200 per text " \
+        "(--max-chars)"
     status, body = call(server, "/embed", b'{"texts": ["unterminated')
     assert status == 400 and "malformed JSON" in body["error"]
     status, body = call(server, "/embed", {"texts": ["y" * 100] * 60})
     assert status == 413 and "5000 bytes" in body["error"]
     status, body = call(server, "/embed", {"wrong": 1})
-    assert status == 422 and "inputs: Field required" in body["error"]  # no "texts": read as TEI's shape
+    assert status == 422 and body["error"] == "inputs is required"  # no "texts": read as TEI's shape
     assert call(server, "/health")[0] == 200  # still serving

@@ -19,9 +19,9 @@ pytest.importorskip("uvicorn")
 
 from server_utils import call, running_server  # noqa: E402
 
-from conftest import SENTENCES  # noqa: E402
+from conftest import SENTENCES, SERVE_KEY  # noqa: E402
 
-KEY = "test-key-123"
+KEY = SERVE_KEY  # the `embedder` server's API key (conftest.py)
 
 
 def authed(port: int, path: str, body=None):
@@ -38,18 +38,6 @@ def authed(port: int, path: str, body=None):
                                       else raw.decode())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-@pytest.fixture(scope="module")
-def embedder(minilm_dir):
-    with running_server(minilm_dir, "--api-key", KEY, "--served-model-name", "minilm") as (port, _):
-        yield port
-
-
-@pytest.fixture(scope="module")
-def st_model(minilm_dir):
-    st = pytest.importorskip("sentence_transformers")
-    return st.SentenceTransformer(str(minilm_dir), device="cpu")
 
 
 def test_openai_client_gets_sentence_transformers_embeddings(embedder, st_model):
@@ -130,21 +118,6 @@ def test_docs_render_offline_in_headless_chromium(embedder, tmp_path):
                          text=True, timeout=120).stdout
     # Swagger UI ran: it fetched /openapi.json and drew a block per operation.
     assert "opblock" in dom and "/v1/embeddings" in dom and "/rerank" in dom, dom[:2000]
-
-
-@pytest.fixture(scope="module")
-def cross_encoder(tmp_path_factory, minilm_dir):
-    """A small cross-encoder: one relevance logit on the real vocabulary."""
-    import torch
-
-    from bertforge import BertConfig, BertForSequenceClassification, Tokenizer
-
-    path = tmp_path_factory.mktemp("reranker")
-    tok = Tokenizer.from_pretrained(minilm_dir)
-    torch.manual_seed(3)
-    config = BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size, num_labels=1)
-    BertForSequenceClassification(config).save_pretrained(path, tokenizer=tok)
-    return path
 
 
 def test_rerank_tei_and_cohere_shapes_match_predict(cross_encoder, tmp_path):

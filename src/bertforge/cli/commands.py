@@ -282,27 +282,32 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
 
 
 @command(app, "serve")
-def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = 1_000_000,
-          max_texts: int = 64, max_chars: int = 10_000, batch_wait_ms: float = 0.0, max_batch_tokens: int = 16_384,
+def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = 2_000_000,
+          max_texts: int = 2048, max_chars: int = 10_000, auto_truncate: bool = False, batch_wait_ms: float = 0.0,
+          max_batch_tokens: int = 16_384,
           max_concurrent_requests: int = 512, api_key: str | None = None,
           served_model_name: str | None = None, shutdown_grace_s: float = 25.0,
           backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0]) -> None:
-    """Serve a model over HTTP: bertforge's, TEI's and OpenAI's APIs, rerank, metrics.
+    """Serve a model over HTTP, in the APIs its clients already speak: bertforge's, TEI's, the Hugging Face
+    Inference API's, OpenAI's, Cohere's and Jina's; metrics; offline API docs.
 
-    Endpoints: /embed, /fill-mask, /classify, /ner, /qa (bertforge's {"texts"}); /embed with
-    {"inputs"}, /rerank, /tokenize and /info as text-embeddings-inference; /v1/embeddings as
-    OpenAI; /rerank with {"documents"} as Cohere; /metrics for Prometheus; /docs (offline).
-    Endpoints the model has no head for answer 404. Binds to 127.0.0.1 unless --host says
-    otherwise. The API key may also come from the BERTFORGE_API_KEY environment variable,
-    which other users cannot read from the process list.
+    Routes: /embed, /fill-mask, /classify, /ner, /qa (bertforge's {"texts"}); TEI's /embed, /embed_all,
+    /predict, /rerank, /similarity, /tokenize, /decode, /info and POST / (the model's own task, also for
+    huggingface_hub's InferenceClient) and /invocations; /v1/embeddings as OpenAI; /v1/rerank, /v2/rerank,
+    /v1/embed, /v2/embed as Cohere (and Jina); /metrics for Prometheus; /docs (offline). docs/serving.md
+    lists them all. Routes the model has no head for answer 404. Binds to 127.0.0.1 unless --host says
+    otherwise. The API key may also come from the BERTFORGE_API_KEY environment variable, which other
+    users cannot read from the process list.
 
     Args:
         model: checkpoint directory
         host: address to bind (127.0.0.1: this machine only)
         port: TCP port
-        max_body_bytes: larger request bodies get 413
-        max_texts: inputs per request (else 422)
-        max_chars: characters per input (else 422)
+        max_body_bytes: larger request bodies get 413 (TEI's default, 2 MB)
+        max_texts: inputs per request (else 413); 2048, OpenAI's own limit, takes LangChain's (1000) and
+            LlamaIndex's (100) default batches
+        max_chars: characters per input that is not to be truncated (else 413)
+        auto_truncate: cut long inputs when a TEI request leaves `truncate` unset (null), as TEI's flag does
         batch_wait_ms: how long a batch waits for more requests (0: it takes those that queued while the last
             batch ran)
         max_batch_tokens: tokens per batch: concurrent requests are grouped under this budget
@@ -325,6 +330,7 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
     from ..server import serve as run_server
 
     run_server(model, host, port, Limits(max_body_bytes=max_body_bytes, max_texts=max_texts, max_chars=max_chars,
+                                         auto_truncate=auto_truncate,
                                          batch_wait_ms=batch_wait_ms, max_batch_tokens=max_batch_tokens,
                                          max_concurrent_requests=max_concurrent_requests,
                                          api_key=api_key or os.environ.get("BERTFORGE_API_KEY") or None,

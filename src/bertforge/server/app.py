@@ -1,6 +1,6 @@
 """The FastAPI application: middleware (API key, body limit, metrics), error answers, and the
 operational endpoints (/health, /info, /metrics, offline /docs). The model endpoints are in
-`routes.py`. (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)
+`apis/`. (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)
 """
 
 
@@ -15,26 +15,35 @@ from pathlib import Path
 
 from ..errors import InputError
 from .batching import Admission, Overloaded, TokenBatcher
-from .metrics import ServerMetrics, route_label
-from .schemas import DIALECT, Refused
+from .errors import Refused, describe, error_body
+from .metrics import ServerMetrics, matched_route, route_label
 from .service import Limits, Service
 
 log = logging.getLogger("bertforge")
 
 
-OPEN_PATHS = ("/health", "/docs", "/openapi.json")
+# Liveness, metrics and the API's own description stay open without the API key, as in TEI; GET only,
+# so POST / (the model's task) still needs it.
+OPEN_PATHS = ("/health", "/", "/ping", "/metrics", "/docs", "/openapi.json")
 
 
-def error_response(path: str, status: int, message: str, headers: dict | None = None):
-    """`{"error": message}`; under /v1/, OpenAI's shape, so its clients raise with the message."""
+def error_response(path: str, status: int, message: str, headers: dict | None = None, **details: str | None):
+    """The error answer in the shape of the API that `path` imitates (see `errors.error_body`)."""
     from fastapi.responses import JSONResponse
 
-    if path.startswith("/v1/"):
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    else:
-        body = {"error": message}
+    status, body = error_body(path, status, message, **details)
     return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+# What each task needs, in the words of transformers' head classes.
+HEADS = {"classify": "sequence-classification", "rerank": "cross-encoder (sequence classification with one logit "
+         "or two classes)", "fill-mask": "masked-LM", "ner": "token-classification", "qa": "question-answering"}
+
+
+def json_content_type(value: str | None) -> bool:
+    """application/json, or a +json type (charset and other parameters allowed)."""
+    media = (value or "").split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def swagger_static() -> Path:
@@ -93,9 +102,10 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
     from fastapi.responses import HTMLResponse, Response
     from fastapi.staticfiles import StaticFiles
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.routing import Match
 
     from ..errors import BertforgeError
-    from . import routes
+    from . import apis as routes
 
     limits = limits or Limits()
     drain = drain or Drain()
@@ -112,7 +122,8 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
     async def submit(name: str, items: list, tokens: int) -> list:
         """Run `items` (holding `tokens` tokens) through endpoint `name`'s batcher, if admitted."""
         if name not in batchers:
-            raise Refused(404, f"this model ({service.architecture}) has no head for /{name}")
+            raise Refused(404, f"this model ({service.architecture}) has no {HEADS.get(name, name)} head, which this "
+                               "route needs")
         admission.enter()
         try:
             return await batchers[name].submit(items, tokens)
@@ -146,25 +157,35 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
                 drain.finished_after += 1
 
     async def answer(request: Request, call_next, path: str, started: float):
-        # The key guards the model and its traffic; liveness and the API's own description stay open.
-        if limits.api_key and path not in OPEN_PATHS and not path.startswith("/docs-static/"):
+        # The key guards the model and its traffic; liveness, metrics and the API's description stay open.
+        open_path = (request.method in ("GET", "HEAD") and path in OPEN_PATHS) or path.startswith("/docs-static/")
+        if limits.api_key and not open_path:
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {limits.api_key}".encode()):
                 response = error_response(path, 401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                                          {"WWW-Authenticate": "Bearer"})
-                metrics.track("unauthorized", 401, time.perf_counter() - started)
+                                          {"WWW-Authenticate": "Bearer"}, code="invalid_api_key")
+                metrics.track(route_label(request.scope, app.router.routes), 401, time.perf_counter() - started)
                 return response
         declared = request.headers.get("content-length")
+        route = matched_route(request.scope, app.router.routes) if request.method == "POST" else None
         if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
             response = error_response(path, 413, f"request body of {declared} bytes exceeds the limit of "
-                                                 f"{limits.max_body_bytes} bytes")
+                                                 f"{limits.max_body_bytes} bytes (--max-body-bytes)")
         elif request.method == "POST" and len(await request.body()) > limits.max_body_bytes:
             # also catches chunked bodies that declared no length
-            response = error_response(path, 413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+            response = error_response(path, 413, f"request body exceeds the limit of {limits.max_body_bytes} bytes "
+                                                 "(--max-body-bytes)")
+        elif route is not None and not json_content_type(request.headers.get("content-type")):
+            got = request.headers.get("content-type")
+            response = error_response(path, 415, "send the body as JSON, with 'Content-Type: application/json' "
+                                                 f"(got {repr(got) if got else 'no Content-Type'})")
         else:
             response = await call_next(request)
-        metrics.track(route_label(request.scope), response.status_code, time.perf_counter() - started)
+        metrics.track(route_label(request.scope, app.router.routes), response.status_code,
+                      time.perf_counter() - started)
         return response
+
+    limit_flags = {"items": "--max-texts", "chars": "--max-chars", "pattern": f"has no {service.tokenizer.mask_token}"}
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -173,18 +194,22 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
         if first.get("type") == "json_invalid":
             return error_response(request.url.path, 400, "malformed JSON: "
                                   f"{first.get('ctx', {}).get('error', 'cannot parse the body')}")
-        where = ".".join(str(p) for p in first.get("loc", []) if p != "body" and not str(p).startswith(DIALECT))
-        return error_response(request.url.path, 422, f"invalid request: {where or 'body'}: "
-                                                     f"{first.get('msg', 'invalid')}")
+        status, message, field, kind = describe(first, limit_flags)
+        return error_response(request.url.path, status, message, param=field, kind=kind)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         # FastAPI's own errors (a body that is not UTF-8, an unknown path, a wrong method) in the same shape
-        return error_response(request.url.path, exc.status_code, str(exc.detail), exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # GET / and POST / are two routes: Allow names the methods of both
+            methods = {m for r in app.router.routes if r.matches(request.scope)[0] != Match.NONE
+                       for m in getattr(r, "methods", ())}
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(methods))}
+        return error_response(request.url.path, exc.status_code, str(exc.detail), headers)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):
-        return error_response(request.url.path, exc.status, str(exc))
+        return error_response(request.url.path, exc.status, str(exc), param=exc.param, kind=exc.kind, code=exc.code)
 
     @app.exception_handler(Overloaded)
     async def overloaded(request: Request, exc: Overloaded):
@@ -196,12 +221,14 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
         return error_response(request.url.path, 422, str(exc))
 
     def served(route) -> bool:
-        """Whether a route answers for this model: the model endpoints need their head, the rest always do."""
+        """Whether a route answers for this model: the model routes need their head, the rest always do."""
         if "POST" not in getattr(route, "methods", ()):
             return True
-        task = {"/v1/embeddings": "embed", "/tokenize": None}.get(route.path, route.path.lstrip("/"))
+        task = routes.ROUTE_TASKS.get(route.path)
         return task is None or task in batchers
 
+    @app.get("/ping", summary="liveness (SageMaker's path)")
+    @app.get("/", summary="liveness (the Inference API's path)")
     @app.get("/health", summary="liveness: the model is loaded and answering")
     async def health() -> dict:
         routes = sorted({r.path for r in app.routes if getattr(r, "include_in_schema", False) and served(r)})

@@ -48,8 +48,20 @@ class ServerMetrics:
         self.duration.labels(path).observe(seconds)
 
 
-def route_label(scope: dict[str, Any]) -> str:
+def route_label(scope: dict[str, Any], routes: list | None = None) -> str:
     """The route's template, not the raw path: unknown paths share one label, so scans cannot
-    grow the metrics without bound."""
-    route = scope.get("route")
+    grow the metrics without bound. A request refused before routing (too large, wrong content type,
+    no API key) is matched against `routes` here, so it counts under the route it was sent to."""
+    route = scope.get("route") or matched_route(scope, routes or [])
     return getattr(route, "path", None) or "unmatched"
+
+
+def matched_route(scope: dict[str, Any], routes: list) -> Any:
+    """The route whose path and method match the request, if any."""
+    from starlette.routing import Match
+
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match == Match.FULL:
+            return route
+    return None

@@ -1,19 +1,29 @@
-"""Request bodies, with the server's limits written into their schema.
+"""Request bodies of every route, with the server's limits written into their schema.
 
 So /docs and /openapi.json state exactly what the server accepts: at most `max_texts` inputs per
-request, each non-blank and at most `max_chars` long. A field no endpoint knows is refused (422),
-never ignored. Three dialects share the limits:
+request, each non-blank, token ids inside the vocabulary. A field no route knows is refused, never
+ignored. Where a value may take several shapes (one text or a list; texts or token ids), the shape is
+chosen up front from the value itself (`choose`), so an error names the field of the shape the client
+sent, not of every shape tried. The dialects:
 - bertforge's own (`{"texts": [...]}` -> `{"results": [...]}`);
-- text-embeddings-inference's (`/embed` with `inputs`, `/rerank` with `query` and `texts`, `/tokenize`);
-- OpenAI's `/v1/embeddings` and Cohere/Jina's `/rerank` (`query`, `documents`, `top_n`).
+- text-embeddings-inference's (`/embed`, `/embed_all`, `/predict`, `/rerank`, `/similarity`, `/tokenize`,
+  `/decode`), and the Hugging Face Inference API's payloads at `/` (`{"inputs", "parameters"}`);
+- OpenAI's `/v1/embeddings`; Cohere's `/v1|v2/rerank` and `/v1|v2/embed` (Jina's `/v1/rerank` is Cohere's v1).
+
+Texts that may be truncated (TEI's, OpenAI's, Cohere's) carry no character limit in the schema: with
+truncation asked for, a text of any length is cut (the body limit still bounds it); without, the route
+refuses one over `--max-chars` itself.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag
+
+from .errors import DIALECT
 
 STRICT = ConfigDict(extra="forbid", strict=True)  # unknown fields refused; 0 is not false, "1" is not 1
 
@@ -26,158 +36,250 @@ def _whole_number(value: Any) -> Any:
 
 
 def count(**limits: int) -> Any:
-    """An integer field with bounds (`ge`, `le`); the bounds come first so the schema shows them."""
+    """An integer field with bounds (`ge`, `le`, `lt`); the bounds come first so the schema shows them."""
     return Annotated[int, Field(**limits), BeforeValidator(_whole_number)]
 
-DIALECT = "dialect:"  # prefix of the union tags below; error messages leave them out of a field's path
+
+def choose(pick: Callable[[Any], str], **shapes: Any) -> Any:
+    """A value of one of `shapes` (name -> type), the one named by `pick(value)`: chosen before validating."""
+    options = [Annotated[shape, Tag(DIALECT + name)] for name, shape in shapes.items()]
+    union = options[0]
+    for option in options[1:]:
+        union = union | option
+    return Annotated[union, Discriminator(lambda value: DIALECT + pick(value))]
 
 
 def either(key: str, with_key: type, without_key: type) -> Any:
-    """A body that is `with_key` when it holds `key`, else `without_key`: one choice, made up front,
-    so an error names the fields of the shape the client meant (not of every shape tried)."""
-    def pick(data: Any) -> str:
-        return DIALECT + ("a" if isinstance(data, dict) and key in data else "b")
-
-    return Annotated[Annotated[with_key, Tag(DIALECT + "a")] | Annotated[without_key, Tag(DIALECT + "b")],
-                     Discriminator(pick)]
+    """A body that is `with_key` when it holds `key`, else `without_key`."""
+    return choose(lambda data: "a" if isinstance(data, dict) and key in data else "b", a=with_key, b=without_key)
 
 
-class Refused(Exception):
-    """An answer other than 200, with its status and one line saying why (`ErrorBody` is its shape)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ErrorBody(BaseModel):
-    """Every error answer: one line saying what is wrong, naming the field or limit."""
-
-    error: str
+def _shape_of_list(value: Any) -> str:
+    """"one" for a string, "nested" for a list whose first item is a list, "ids" for one of integers, else "many"."""
+    if isinstance(value, str) or not isinstance(value, list):
+        return "one"
+    first = value[0] if value else None
+    number = isinstance(first, (int, float)) and not isinstance(first, bool)  # 7.0 is JSON Schema's integer too
+    return "nested" if isinstance(first, list) else "ids" if number else "many"
 
 
-# The error answers every POST endpoint may give, documented so that clients (and schema-driven
-# tests) know them.
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "the body is not valid JSON"},
-    401: {"model": ErrorBody, "description": "--api-key is set and the request lacks 'Authorization: Bearer KEY'"},
-    404: {"model": ErrorBody, "description": "the model has no head for this endpoint"},
-    413: {"model": ErrorBody, "description": "the body exceeds --max-body-bytes, or an input is too long and "
-                                             "truncation was not asked for"},
-    422: {"model": ErrorBody, "description": "a field is missing, unknown, of the wrong type, or over a limit"},
-    429: {"model": ErrorBody, "description": "more requests are in flight than --max-concurrent-requests"},
-}
+# A text must hold something other than white space. "White space" is written out so that JSON Schema's
+# regular expressions (ECMAScript's \s has U+FEFF, not U+0085) and pydantic's (Rust's \s: U+0085, not U+FEFF)
+# mean the same set: the schema states exactly what the server accepts.
+NOT_BLANK = r"[^\s\u0085\ufeff]"
+
+TruncationDirection = Literal["left", "right", "Left", "Right"]
+TRUNCATE = Field(None, description="cut inputs longer than the model reads; null: the server's --auto-truncate")
+DIRECTION = Field("right", description="which end of a long input is cut")
+NO_PROMPTS = Field(None, description="not supported: bertforge reads no prompt names from the model directory")
 
 
-class OpenAIError(BaseModel):
-    """OpenAI's error detail."""
-
-    message: str
-    type: str
-    param: str | None
-    code: int | None
-
-
-class OpenAIErrorBody(BaseModel):
-    """Every error answer under /v1/, in OpenAI's shape, so its clients raise with the message."""
-
-    error: OpenAIError
-
-
-OPENAI_ERRORS = {status: {**spec, "model": OpenAIErrorBody} for status, spec in ERRORS.items()}
-OPENAI_ERRORS[404] = {"model": OpenAIErrorBody, "description": "the request names a model this server does not serve"}
-OPENAI_ERRORS[400] = {"model": OpenAIErrorBody, "description": "malformed JSON, or an input longer than the model reads"}
-
-
-def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", dimension: int = 768) -> dict[str, Any]:
-    """The request body classes of every endpoint, for these limits and a `dimension`-wide embedding."""
-    Text = Annotated[str, StringConstraints(min_length=1, max_length=max_chars, pattern=r"\S")]
+def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", dimension: int = 768,
+                   vocab_size: int = 30522) -> dict[str, Any]:
+    """The request body classes of every route, for these limits, a `dimension`-wide embedding and a
+    vocabulary of `vocab_size` ids."""
+    Text = Annotated[str, StringConstraints(min_length=1, max_length=max_chars, pattern=NOT_BLANK)]
     TextList = Annotated[list[Text], Field(min_length=1, max_length=max_texts)]
+    Long = Annotated[str, StringConstraints(min_length=1, pattern=NOT_BLANK)]  # may be truncated: see the module doc
+    LongList = Annotated[list[Long], Field(min_length=1, max_length=max_texts)]
     Masked = Annotated[str, StringConstraints(min_length=1, max_length=max_chars, pattern=re.escape(mask_token))]
-    OneOrMore = Text | TextList
+    MaskedList = Annotated[list[Masked], Field(min_length=1, max_length=max_texts)]
+    Id = count(ge=0, lt=vocab_size)
+    Ids = Annotated[list[Id], Field(min_length=1)]
+    IdLists = Annotated[list[Ids], Field(min_length=1, max_length=max_texts)]
+    OneOrMore = choose(_shape_of_list, one=Text, many=TextList)
+    LongOneOrMore = choose(_shape_of_list, one=Long, many=LongList)
+    Dimensions = count(ge=1, le=dimension) | None
+    TopK = count(ge=1) | None
 
-    class Texts(BaseModel):
+    class Body(BaseModel):
+        model_config = STRICT
+
+    # ------------------------------------------------------------------ bertforge
+    class Texts(Body):
         """bertforge's body of /embed, /ner: the inputs, one string each."""
 
-        model_config = STRICT
         texts: TextList = Field(..., description="the inputs, one string each")
-
-    class TEIEmbed(BaseModel):
-        """text-embeddings-inference's body of /embed."""
-
-        model_config = STRICT
-        inputs: OneOrMore = Field(..., description="one text, or a list of them")
-        normalize: bool = Field(True, description="L2-normalise the vectors")
-        truncate: bool = Field(False, description="cut inputs longer than the model reads (else 413)")
-        truncation_direction: Literal["right", "Right"] = Field("right", description="only right is supported")
-        prompt_name: None = Field(None, description="not supported: prompts come from the model directory")
-        dimensions: count(ge=1, le=dimension) | None = Field(
-            None, description="keep the first N dimensions")
 
     class ClassifyTexts(Texts):
         """Body of /classify: texts, and for pair models (MRPC, RTE, NLI) the second segment of each."""
 
         text_pairs: TextList | None = Field(None, description="the second text of each pair, as many as 'texts'")
 
-    class QAItem(BaseModel):
+    class QAItem(Body):
         """One question about one context."""
 
-        model_config = STRICT
         question: Text
         context: Text
 
-    class QAItems(BaseModel):
+    class QAItems(Body):
         """Several questions, each with its context."""
 
-        model_config = STRICT
         items: Annotated[list[QAItem], Field(min_length=1, max_length=max_texts)]
 
-    class MaskedTexts(BaseModel):
+    class MaskedTexts(Body):
         """Body of /fill-mask: texts with at least one mask token each."""
 
-        model_config = STRICT
-        texts: Annotated[list[Masked], Field(min_length=1, max_length=max_texts)] = Field(
-            ..., description=f"the inputs, each with at least one {mask_token}")
+        texts: MaskedList = Field(..., description=f"the inputs, each with at least one {mask_token}")
 
-    class TEIRerank(BaseModel):
-        """text-embeddings-inference's body of /rerank: answers [{index, score}], best first."""
+    # ------------------------------------------------------------------ text-embeddings-inference
+    class TEIEmbedAll(Body):
+        """TEI's body of /embed_all (and /embed_sparse): every token's vector."""
 
-        model_config = STRICT
-        query: Text
-        texts: TextList
+        inputs: LongOneOrMore = Field(..., description="one text, or a list of them")
+        truncate: bool | None = TRUNCATE
+        truncation_direction: TruncationDirection = DIRECTION
+        prompt_name: None = NO_PROMPTS
+
+    class TEIEmbed(TEIEmbedAll):
+        """TEI's body of /embed."""
+
+        normalize: bool = Field(True, description="L2-normalise the vectors")
+        dimensions: Dimensions = Field(None, description="keep the first N dimensions (then normalise)")
+
+    Pair = Annotated[list[Long], Field(min_length=1, max_length=2)]
+    PredictInput = choose(_shape_of_list, one=Long, many=Pair,
+                          nested=Annotated[list[Pair], Field(min_length=1, max_length=max_texts)])
+
+    class TEIPredict(Body):
+        """TEI's body of /predict: a text, a pair [text, text], or a batch of [text] and [text, text]."""
+
+        inputs: PredictInput
+        truncate: bool | None = TRUNCATE
+        truncation_direction: TruncationDirection = DIRECTION
+        raw_scores: bool = Field(False, description="the logits instead of the probabilities")
+
+    class TEIRerank(Body):
+        """TEI's body of /rerank: answers [{index, score}], best first."""
+
+        query: Long
+        texts: LongList
         raw_scores: bool = Field(False, description="the logit instead of its sigmoid")
         return_text: bool = Field(False, description="echo each text in its answer")
-        truncate: bool = Field(False, description="cut pairs longer than the model reads (else 413)")
-        truncation_direction: Literal["right", "Right"] = "right"
+        truncate: bool | None = TRUNCATE
+        truncation_direction: TruncationDirection = DIRECTION
 
-    class CohereRerank(BaseModel):
-        """Cohere's and Jina's body of /rerank: answers {results: [{index, relevance_score}], ...}."""
+    class SimilarityInput(Body):
+        source_sentence: Long
+        sentences: LongList
 
-        model_config = STRICT
-        query: Text
-        documents: TextList
-        top_n: count(ge=1) | None = Field(None, description="return the best N (default: all)")
-        return_documents: bool = Field(False, description="echo each document in its answer")
-        model: str | None = Field(None, description="the served model's name, if given")
+    class SimilarityParameters(Body):
+        truncate: bool | None = TRUNCATE
+        truncation_direction: TruncationDirection = DIRECTION
+        prompt_name: None = NO_PROMPTS
 
-    class Tokenize(BaseModel):
-        """text-embeddings-inference's body of /tokenize."""
+    class TEISimilarity(Body):
+        """TEI's body of /similarity (and the Inference API's sentence-similarity at /): cosine of each
+        sentence's vector with the source sentence's."""
 
-        model_config = STRICT
-        inputs: OneOrMore
+        inputs: SimilarityInput
+        parameters: SimilarityParameters | None = None
+
+    class Tokenize(Body):
+        """TEI's body of /tokenize."""
+
+        inputs: LongOneOrMore
         add_special_tokens: bool = True
+        prompt_name: None = NO_PROMPTS
 
-    class OpenAIEmbeddings(BaseModel):
+    class Decode(Body):
+        """TEI's body of /decode: token ids back to text."""
+
+        ids: choose(_shape_of_list, ids=Ids, nested=IdLists, one=Ids, many=IdLists)
+        skip_special_tokens: bool = True
+
+    # ------------------------------------------------------------------ Hugging Face Inference API at /
+    class ClassifyParameters(Body):
+        top_k: TopK = Field(None, description="the best K labels (default: all)")
+        function_to_apply: Literal["softmax", "sigmoid", "none"] | None = None
+
+    class HFClassify(Body):
+        """The Inference API's text-classification payload: answers [[{label, score}]] per input."""
+
+        inputs: LongOneOrMore
+        parameters: ClassifyParameters
+
+    class FillMaskParameters(Body):
+        top_k: TopK = Field(None, description="predictions per mask (default 5)")
+        targets: Annotated[list[Text], Field(min_length=1, max_length=max_texts)] | None = None
+
+    class HFFillMask(Body):
+        """The Inference API's fill-mask payload: [{score, token, token_str, sequence}]."""
+
+        inputs: choose(_shape_of_list, one=Masked, many=MaskedList)
+        parameters: FillMaskParameters | None = None
+
+    class TokenParameters(Body):
+        aggregation_strategy: Literal["first", "average", "max"] | None = Field(
+            None, description="how word labels come from sub-tokens (default first)")
+        ignore_labels: list[str] | None = None
+        stride: count(ge=0) | None = None
+
+    class HFTokens(Body):
+        """The Inference API's token-classification payload: [{entity_group, score, word, start, end}]."""
+
+        inputs: OneOrMore
+        parameters: TokenParameters | None = None
+
+    class QAParameters(Body):
+        top_k: count(ge=1, le=1) | None = Field(None, description="only the best answer is given")
+        doc_stride: count(ge=1) | None = None
+        max_answer_len: count(ge=1) | None = None
+        max_seq_len: count(ge=8) | None = None
+
+    class HFQA(Body):
+        """The Inference API's question-answering payload: {answer, score, start, end}."""
+
+        inputs: QAItem
+        parameters: QAParameters | None = None
+
+    # ------------------------------------------------------------------ OpenAI
+    class OpenAIEmbeddings(Body):
         """OpenAI's body of /v1/embeddings."""
 
-        model_config = STRICT
-        input: OneOrMore = Field(..., description="one text, or a list of them (token-id inputs are refused)")
+        input: choose(_shape_of_list, one=Long, many=LongList, ids=Ids, nested=IdLists) = Field(
+            ..., description="a text, a list of texts, or token ids of this model's vocabulary (a list, or a list "
+                             "of lists), used as given")
         model: str = Field(..., description="the served model's name (see /info)")
         encoding_format: Literal["float", "base64"] = "float"
-        dimensions: count(ge=1, le=dimension) | None = Field(
-            None, description="keep the first N dimensions, then re-normalise")
+        dimensions: Dimensions = Field(None, description="keep the first N dimensions, then re-normalise")
         user: str | None = Field(None, description="accepted and not used")
 
+    # ------------------------------------------------------------------ Cohere and Jina
+    class Document(Body):
+        text: Long
+
+    Documents = Annotated[list[Long | Document], Field(min_length=1, max_length=max_texts)]
+
+    class CohereRerank(Body):
+        """Cohere's (and Jina's) rerank body: answers {results: [{index, relevance_score}], ...}."""
+
+        query: Long
+        documents: Documents
+        model: str | None = Field(None, description="the served model's name, if given")
+        top_n: TopK = Field(None, description="return the best N (default: all)")
+        return_documents: bool = Field(False, description="echo each document in its answer")
+
+    class CohereEmbed(Body):
+        """Cohere's embed body (v1 and v2)."""
+
+        texts: LongList
+        model: str | None = None
+        input_type: Literal["search_document", "search_query", "classification", "clustering"] | None = Field(
+            None, description="accepted; a bertforge model has no per-type prompts, so it does not change the vectors")
+        # int8 and uint8 are left out: they need a calibration range that Cohere does not publish.
+        embedding_types: Annotated[list[Literal["float", "base64", "binary", "ubinary"]], Field(min_length=1)] | None = \
+            Field(None, description="float (default), base64 (float32 bytes), binary or ubinary (packed sign bits); "
+                                    "int8 and uint8 are refused: Cohere does not publish their calibration")
+        truncate: Literal["NONE", "START", "END"] = Field("END", description="which end of a long text is cut")
+        output_dimension: Dimensions = Field(None, description="keep the first N dimensions (then re-normalise, "
+                                                               "for a model that normalises)")
+
+    TEIRerankOrCohere = either("documents", CohereRerank, TEIRerank)
+
     return {"texts": Texts, "embed": either("texts", Texts, TEIEmbed), "fill-mask": MaskedTexts,
-            "classify": ClassifyTexts, "qa": either("items", QAItems, QAItem),
-            "rerank": either("documents", CohereRerank, TEIRerank), "tokenize": Tokenize, "openai": OpenAIEmbeddings}
+            "classify": ClassifyTexts, "qa": either("items", QAItems, QAItem), "rerank": TEIRerankOrCohere,
+            "tokenize": Tokenize, "openai": OpenAIEmbeddings, "embed_all": TEIEmbedAll, "predict": TEIPredict,
+            "similarity": TEISimilarity, "decode": Decode, "hf-classify": HFClassify, "hf-fill-mask": HFFillMask,
+            "hf-tokens": HFTokens, "hf-qa": HFQA, "tei-embed": TEIEmbed, "tei-rerank": TEIRerank,
+            "cohere-rerank": CohereRerank, "cohere-embed": CohereEmbed}

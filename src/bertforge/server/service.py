@@ -9,6 +9,7 @@ threads, and a `tokenizers` backend keeps truncation settings as state.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,10 @@ from ..inference import pipelines
 class Limits:
     """What the server accepts and how it batches (the `bertforge serve` flags)."""
 
-    max_body_bytes: int = 1_000_000
-    max_texts: int = 64
+    max_body_bytes: int = 2_000_000
+    max_texts: int = 2048
     max_chars: int = 10_000
+    auto_truncate: bool = False
     batch_wait_ms: float = 0.0
     max_batch_tokens: int = 16_384
     max_concurrent_requests: int = 512
@@ -43,6 +45,22 @@ class Limits:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1")
         if self.batch_wait_ms < 0:
             raise InputError("--batch-wait-ms must be >= 0")
+
+
+def grouped(run: Callable[..., list]) -> Callable[[list[tuple[Any, tuple]]], list]:
+    """A runner of `(input, options)` items made from `run(inputs, *options) -> one result per input`:
+    the items that share options run together, and the results come back in the items' order."""
+    def runner(items: list[tuple[Any, tuple]]) -> list:
+        results: list = [None] * len(items)
+        groups: dict[tuple, list[int]] = {}
+        for i, (_, options) in enumerate(items):
+            groups.setdefault(tuple(options), []).append(i)
+        for options, rows in groups.items():
+            for i, result in zip(rows, run([items[i][0] for i in rows], *options)):
+                results[i] = result
+        return results
+
+    return runner
 
 
 class Service:
@@ -83,13 +101,21 @@ class Service:
         # classes, "not relevant" and "relevant", whose second probability is the score).
         if "classify" in self.tasks and self.config.num_labels in (1, 2):
             self.tasks.add("rerank")
+        self.tasks.add("embed_all")
+        # Each runner takes (input, options) items from any mix of requests; items that share options
+        # run together (`grouped`), so one request's settings never leak into another's.
+        model, tok = self.model, self.tokenizer
         self.runners = {
-            "embed": self.embed_vectors,
-            "fill-mask": lambda texts: pipelines.fill_mask(self.model, self.tokenizer, texts),
-            "classify": self.classify_items,
-            "rerank": self.relevance,
-            "ner": lambda texts: pipelines.ner(self.model, self.tokenizer, texts),
-            "qa": lambda items: pipelines.answer(self.model, self.tokenizer, items),
+            "embed": grouped(self.embed_vectors),
+            "embed_all": grouped(lambda inputs, side: pipelines.token_vectors(
+                self.backbone, tok, inputs, self.embed_max_tokens, side)),
+            "fill-mask": grouped(lambda texts, top_k, targets: pipelines.fill_mask(
+                model, tok, texts, top_k=top_k, targets=list(targets) if targets else None)),
+            "classify": grouped(self.classify_items),
+            "rerank": grouped(self.relevance),
+            "ner": grouped(lambda texts, aggregation, stride: pipelines.ner(model, tok, texts, aggregation, stride)),
+            "qa": grouped(lambda items, max_length, stride, max_answer_len: pipelines.answer(
+                model, tok, items, max_length=max_length, stride=stride, max_answer_len=max_answer_len)),
         }
         self.tasks &= set(self.runners)  # e.g. `regress` is /classify's answer for a one-logit model
 
@@ -99,11 +125,38 @@ class Service:
         """The longest input /embed reads: the sentence-transformers max_seq_length, else the positions."""
         return min(self.sentence.max_length or self.tokenizer.model_max_length, self.config.max_sequence_length)
 
-    def token_counts(self, texts: list[str], pairs: list[str] | None = None) -> list[int]:
-        """Tokens per input, special tokens included and nothing truncated."""
+    @property
+    def max_input_length(self) -> int:
+        """The longest input the model's own task reads (TEI's /info `max_input_length`)."""
+        return self.embed_max_tokens if self.kind == "embedding" else self.config.max_sequence_length
+
+    @property
+    def kind(self) -> str:
+        """TEI's model type: "reranker" (one logit), "classifier", or "embedding"."""
+        if "rerank" in self.tasks and self.config.num_labels == 1:  # TEI's rule: one logit is a reranker
+            return "reranker"
+        return "classifier" if "classify" in self.tasks else "embedding"
+
+    def token_counts(self, texts: list[str | list[int]], pairs: list[str] | None = None) -> list[int]:
+        """Tokens per input, special tokens included and nothing truncated; a token-id input counts its ids."""
+        words = [i for i, t in enumerate(texts) if isinstance(t, str)]
+        counts = [len(t) if not isinstance(t, str) else 0 for t in texts]
+        if words:
+            with self.counter_lock:
+                encoded = self.counter([texts[i] for i in words], None if pairs is None else [pairs[i] for i in words])
+            for i, ids in zip(words, encoded["input_ids"]):
+                counts[i] = len(ids)
+        return counts
+
+    def encode(self, text: str) -> list[int]:
+        """The ids the head pipelines read for `text`: special tokens included, cut to the model's length."""
         with self.counter_lock:
-            encoded = self.counter(texts, pairs)
-        return [len(ids) for ids in encoded["input_ids"]]
+            return self.counter(text, truncation=True, max_length=self.config.max_sequence_length)["input_ids"]
+
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        """TEI's /decode: each list of ids back to text."""
+        with self.counter_lock:
+            return [self.counter.decode(row, skip_special_tokens=skip_special_tokens) for row in ids]
 
     def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
         """TEI's /tokenize: per input, each token's id, text, whether special, and character span."""
@@ -120,26 +173,26 @@ class Service:
         return out
 
     # ------------------------------------------------------------------ runners
-    def embed_vectors(self, texts: list[str]) -> list[np.ndarray]:
-        """Sentence vectors before any final normalisation, float32 [D] each."""
-        return list(pipelines.embed(self.backbone, self.tokenizer, texts, sentence=self.raw_sentence))
+    def embed_vectors(self, inputs: list[str | list[int]], side: str = "right") -> list[np.ndarray]:
+        """Sentence vectors before any final normalisation, float32 [D] each; a long input is cut on `side`."""
+        return list(pipelines.embed(self.backbone, self.tokenizer, inputs, sentence=self.raw_sentence,
+                                    truncation_side=side))
 
-    def classify_items(self, items: list[tuple[str, str | None]]) -> list[dict]:
-        """(text, pair or None) items from any mix of requests: singles and pairs run as two batches."""
-        results: list = [None] * len(items)
-        for with_pair in (False, True):
-            rows = [i for i, (_, pair) in enumerate(items) if (pair is not None) == with_pair]
-            if rows:
-                pairs = [items[i][1] for i in rows] if with_pair else None
-                for i, r in zip(rows, pipelines.classify(self.model, self.tokenizer, [items[i][0] for i in rows],
-                                                         pairs)):
-                    results[i] = r
-        return results
+    def classify_items(self, items: list[tuple[str, str | None]], side: str = "right") -> list[dict]:
+        """(text, pair or None) items from any mix of requests: singles and pairs run as two batches.
+        Each row carries its `logits` beside the pipeline's label and scores."""
+        def run(group: list[tuple[str, str | None]], with_pair: bool) -> list[dict]:
+            return pipelines.classify(self.model, self.tokenizer, [text for text, _ in group],
+                                      [pair for _, pair in group] if with_pair else None, logits=True,
+                                      truncation_side=side)
 
-    def relevance(self, pairs: list[tuple[str, str]]) -> list[tuple[float, float]]:
+        return grouped(run)([(item, (item[1] is not None,)) for item in items])
+
+    def relevance(self, pairs: list[tuple[str, str]], side: str = "right") -> list[tuple[float, float]]:
         """(score, raw score) of each (query, text): sigmoid of a single logit, as TEI and
         sentence-transformers' CrossEncoder give it; for two classes, the second's probability."""
-        scored = pipelines.classify(self.model, self.tokenizer, [q for q, _ in pairs], [t for _, t in pairs])
+        scored = pipelines.classify(self.model, self.tokenizer, [q for q, _ in pairs], [t for _, t in pairs],
+                                    truncation_side=side)
         out = []
         for row in scored:
             if "value" in row:  # one logit
@@ -153,15 +206,14 @@ class Service:
     # ------------------------------------------------------------------ description
     def info(self) -> dict[str, Any]:
         """TEI's /info shape: what is served and under which limits."""
-        if "rerank" in self.tasks and self.config.num_labels == 1:  # TEI's rule: one logit is a reranker
-            kind = {"reranker": {"id2label": {str(k): v for k, v in (self.config.id2label or {}).items()}}}
-        elif "classify" in self.tasks:
-            kind = {"classifier": {"id2label": {str(k): v for k, v in (self.config.id2label or {}).items()}}}
-        else:
-            kind = {"embedding": {"pooling": "+".join(self.sentence.pooling)}}
+        labels = {str(k): v for k, v in (self.config.id2label or {}).items()}
+        kind = ({self.kind: {"pooling": "+".join(self.sentence.pooling)}} if self.kind == "embedding"
+                else {self.kind: {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}})
         return {"model_id": self.name, "model_sha": None, "model_dtype": "float32", "model_type": kind,
-                "architecture": self.architecture, "max_concurrent_requests": self.limits.max_concurrent_requests,
-                "max_input_length": self.config.max_sequence_length,
-                "max_batch_tokens": self.limits.max_batch_tokens, "max_client_batch_size": self.limits.max_texts,
-                "tokenization_workers": 1, "version": __version__, "backend": self.limits.backend,
+                "served_model_name": self.name, "architecture": self.architecture,
+                "max_concurrent_requests": self.limits.max_concurrent_requests,
+                "max_input_length": self.max_input_length, "max_batch_tokens": self.limits.max_batch_tokens,
+                "max_batch_requests": None, "max_client_batch_size": self.limits.max_texts,
+                "auto_truncate": self.limits.auto_truncate, "tokenization_workers": 1, "version": __version__,
+                "sha": None, "docker_label": None, "backend": self.limits.backend,
                 "endpoints": sorted(f"/{n}" for n in self.tasks)}

@@ -1,0 +1,52 @@
+"""bertforge's own routes: POST /embed, /fill-mask, /classify (with `text_pairs`), /ner, /qa, with
+`{"texts": [...]}` in and `{"results": [...]}` out, each equal to `bertforge predict` on the same input.
+Long inputs are cut to what the model reads, as sentence-transformers and the pipelines do.
+(No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)"""
+
+
+from ..errors import Refused
+from .common import Api, normalized
+
+FILL_MASK_DEFAULTS = (5, None)  # top_k, targets: the pipeline's own defaults
+NER_DEFAULTS = ("first", 64)  # aggregation, stride
+QA_DEFAULTS = (384, 128, 30)  # max_length, stride, max_answer_len
+
+
+async def embed_texts(api: Api, texts: list[str]) -> dict:
+    """/embed in bertforge's dialect (the route is shared with TEI's, in tei.py): the model's own
+    normalisation, inputs cut to length."""
+    found = await api.vectors(texts, api.service.token_counts(texts))
+    return {"results": [v.tolist() for v in normalized(found, None, api.service.normalizes)]}
+
+
+def add(api: Api) -> None:
+    service, submit, bodies = api.service, api.submit, api.bodies
+    TextsBody, MaskedBody, ClassifyBody, QABody = bodies["texts"], bodies["fill-mask"], bodies["classify"], bodies["qa"]
+
+    @api.post("/fill-mask", "tei", "the top predictions for each [MASK] of each of 'texts'")
+    async def fill_mask(body: MaskedBody):
+        counts = service.token_counts(body.texts)
+        return {"results": await submit("fill-mask", [(t, FILL_MASK_DEFAULTS) for t in body.texts], sum(counts))}
+
+    @api.post("/ner", "tei", "the entities of each of 'texts'")
+    async def ner(body: TextsBody):
+        counts = service.token_counts(body.texts)
+        return {"results": await submit("ner", [(t, NER_DEFAULTS) for t in body.texts], sum(counts))}
+
+    @api.post("/classify", "tei", "classify each of 'texts' (with 'text_pairs', each pair)")
+    async def classify(body: ClassifyBody):
+        pairs = body.text_pairs
+        if pairs is not None and len(pairs) != len(body.texts):
+            raise Refused(422, f"text_pairs has {len(pairs)} texts but texts has {len(body.texts)}",
+                          param="text_pairs")
+        counts = service.token_counts(body.texts, pairs)
+        rows = await submit("classify", [((t, p), ("right",)) for t, p in
+                                         zip(body.texts, pairs or [None] * len(body.texts))], sum(counts))
+        return {"results": [{k: v for k, v in row.items() if k != "logits"} for row in rows]}
+
+    @api.post("/qa", "tei", "answer a question from a context (or a list of them under 'items')")
+    async def qa(body: QABody):
+        items = [i.model_dump() for i in body.items] if hasattr(body, "items") else [body.model_dump()]
+        counts = service.token_counts([i["question"] for i in items], [i["context"] for i in items])
+        # Every window of a long context runs, so its whole length is the work to budget.
+        return {"results": await submit("qa", [(i, QA_DEFAULTS) for i in items], sum(counts))}

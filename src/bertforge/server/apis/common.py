@@ -1,0 +1,93 @@
+"""What every dialect's routes share: the request bodies, the length rules, and the model calls.
+
+Lengths follow one rule everywhere: an input longer than the model reads is cut when the request asks
+for truncation (TEI's `truncate: true`, or null with `--auto-truncate`; Cohere's `truncate` START or
+END; bertforge's own routes always, as sentence-transformers does), and otherwise refused with 413 (400
+on OpenAI's and Cohere's routes), naming the input, its length and the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import Refused, documented
+from ..schemas import request_models
+from ..service import Service
+
+Submit = Callable[[str, list, int], Awaitable[list]]
+
+
+def normalized(vectors: list[np.ndarray], dimensions: int | None, unit: bool) -> list[np.ndarray]:
+    """The first `dimensions` of each vector, then L2-normalised when `unit` (as OpenAI's shortened
+    embeddings are)."""
+    out = []
+    for v in vectors:
+        v = v[:dimensions] if dimensions else v
+        out.append(v / max(float(np.linalg.norm(v)), 1e-12) if unit else v)
+    return out
+
+
+class Api:
+    """The app, the service and the batch runner, with the helpers every route uses."""
+
+    def __init__(self, app: Any, service: Service, submit: Submit) -> None:
+        self.app, self.service, self.submit = app, service, submit
+        self.limits = service.limits
+        # A token id must name a row of the embedding matrix and a token the tokenizer can decode.
+        ids = min(service.tokenizer.vocab_size, service.config.vocab_size)
+        self.bodies = request_models(self.limits.max_texts, self.limits.max_chars, service.tokenizer.mask_token,
+                                     service.dimension, ids)
+
+    def post(self, path: str, dialect: str, summary: str) -> Callable:
+        """Register a POST route whose errors come in `dialect`'s shape."""
+        return self.app.post(path, responses=documented(dialect), summary=summary)
+
+    # ------------------------------------------------------------------ lengths
+    def truncates(self, truncate: bool | None) -> bool:
+        """TEI's rule: `truncate: null` means the server's default (--auto-truncate)."""
+        return self.limits.auto_truncate if truncate is None else truncate
+
+    def counted(self, inputs: list, field: str, limit: int, truncate: bool, pairs: list[str] | None = None,
+                hint: str = "; send truncate: true to cut it") -> list[int]:
+        """Tokens of each input (with its pair), after refusing, unless `truncate`, a text longer than
+        --max-chars or an input longer than `limit` tokens (413)."""
+        if not truncate:
+            for i, text in enumerate(inputs):
+                if isinstance(text, str) and len(text) > self.limits.max_chars:
+                    raise Refused(413, f"{field}[{i}] has {len(text)} characters; this server takes at most "
+                                       f"{self.limits.max_chars} per text (--max-chars){hint}", param=field)
+        counts = self.service.token_counts(inputs, pairs)
+        if not truncate:
+            long = next((i for i, n in enumerate(counts) if n > limit), None)
+            if long is not None:
+                raise Refused(413, f"{field}[{long}] has {counts[long]} tokens"
+                                   f"{' with the query' if pairs else ''}; this model reads at most {limit}{hint}",
+                              param=field)
+        return counts
+
+    # ------------------------------------------------------------------ model calls
+    async def vectors(self, inputs: list, counts: list[int], side: str = "right") -> list[np.ndarray]:
+        """Sentence vectors (before the model's own normalisation) of texts or token-id lists."""
+        most = self.service.embed_max_tokens
+        return await self.submit("embed", [(x, (side,)) for x in inputs], sum(min(n, most) for n in counts))
+
+    async def scores(self, query: str, texts: list[str], side: str = "right") -> tuple[list, list[int]]:
+        """(score, raw score) of each text against `query` (see `Service.relevance`), and the pairs' token counts."""
+        limit = self.service.config.max_sequence_length
+        counts = self.service.token_counts([query] * len(texts), texts)
+        found = await self.submit("rerank", [((query, t), (side,)) for t in texts], sum(min(n, limit) for n in counts))
+        return found, counts
+
+    def check_model(self, name: str | None) -> None:
+        """A request that names a model must name this one (404 otherwise, as OpenAI and Cohere answer)."""
+        if name is not None and name != self.service.name:
+            raise Refused(404, f"model '{name}' is not served here; this server serves '{self.service.name}'",
+                          param="model", code="model_not_found")
+
+
+def side_of(direction: str) -> str:
+    """TEI's truncation_direction ("left", "Right", ...) as the tokenizer's truncation side."""
+    return direction.lower()

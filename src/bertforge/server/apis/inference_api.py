@@ -1,0 +1,127 @@
+"""POST / and POST /invocations (SageMaker's path): the model's own task, as TEI routes them, and the
+Hugging Face Inference API's payloads, so `huggingface_hub.InferenceClient(base_url=...)` works.
+
+Which task runs is decided by the model's head, then by the payload:
+- a fill-mask model: fill-mask (`{"inputs": "... [MASK] ...", "parameters": {top_k, targets}}`);
+- a token classifier: token-classification; a QA model: question-answering (`{"inputs": {question, context}}`);
+- a one-logit cross-encoder (TEI's "reranker"): `{"query", "texts"}` reranks as /rerank does; otherwise as a
+  classifier;
+- a classifier: `{"inputs", "parameters"}` is the Inference API's text-classification (`[[{label, score}]]`,
+  all labels best first unless `top_k`); without `parameters`, TEI's /predict;
+- any other model (an embedding model): `{"inputs": {"source_sentence", "sentences"}}` is sentence-similarity,
+  as TEI's /similarity; any other `inputs` is feature-extraction, as TEI's /embed.
+(No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)
+"""
+
+
+from ..schemas import choose
+from .common import Api
+from .tei import classify_pairs, embed_tei, label_names, predict_tei, ranked, rerank_tei, similarity_tei
+
+
+async def fill_mask(api: Api, body) -> list:
+    """[{score, token, token_str, sequence}] for a text with one mask, one such list per mask for more, as
+    transformers' fill-mask pipeline gives them (`sequence` keeps special tokens when there are several masks)."""
+    service = api.service
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    params = body.parameters
+    options = ((params.top_k if params and params.top_k else 5),
+               tuple(params.targets) if params and params.targets else None)
+    found = await api.submit("fill-mask", [(t, options) for t in texts], sum(service.token_counts(texts)))
+    mask_id, out = service.tokenizer.mask_token_id, []
+    for text, masks in zip(texts, found):
+        ids = service.encode(text)
+        positions = [i for i, t in enumerate(ids) if t == mask_id]
+        single = len(positions) == 1
+        per_mask = []
+        for position, predictions in zip(positions, masks):
+            rows = []
+            for p in predictions:
+                filled = ids[:position] + [p["token"]] + ids[position + 1:]
+                token_str, sequence = service.decode([[p["token"]], filled], skip_special_tokens=single)
+                rows.append({"score": p["score"], "token": p["token"], "token_str": token_str, "sequence": sequence})
+            per_mask.append(rows)
+        out.append(per_mask[0] if single else per_mask)
+    return out[0] if isinstance(body.inputs, str) else out
+
+
+async def text_classification(api: Api, body) -> list:
+    """[[{label, score}]]: per input, the labels best first (all, or `top_k`), scored by `function_to_apply`
+    (default as transformers: a sigmoid for one logit or several independent labels, else a softmax)."""
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    rows = await classify_pairs(api, [[t] for t in texts], api.truncates(None), "right", "inputs")
+    problem = api.service.model.problem_type()
+    default = "sigmoid" if problem in ("regression", "multi_label_classification") else "softmax"
+    how = body.parameters.function_to_apply or default
+    names = label_names(api.service.config)
+    return [ranked(r["logits"], names, how, body.parameters.top_k) for r in rows]
+
+
+async def token_classification(api: Api, body) -> list:
+    """[{entity_group, score, word, start, end}] per input (one list for a single text)."""
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    params = body.parameters
+    options = ((params.aggregation_strategy if params and params.aggregation_strategy else "first"),
+               (params.stride if params and params.stride is not None else 64))
+    found = await api.submit("ner", [(t, options) for t in texts], sum(api.service.token_counts(texts)))
+    ignored = set(params.ignore_labels or []) if params else set()
+    found = [[e for e in entities if e["entity_group"] not in ignored] for entities in found]
+    return found[0] if isinstance(body.inputs, str) else found
+
+
+async def question_answering(api: Api, body) -> dict:
+    """{answer, score, start, end}."""
+    params = body.parameters
+    item = body.inputs.model_dump()
+    options = ((params.max_seq_len if params and params.max_seq_len else 384),
+               (params.doc_stride if params and params.doc_stride else 128),
+               (params.max_answer_len if params and params.max_answer_len else 30))
+    counts = api.service.token_counts([item["question"]], [item["context"]])
+    return (await api.submit("qa", [(item, options)], sum(counts)))[0]
+
+
+def add(api: Api) -> None:
+    service, bodies = api.service, api.bodies
+    tasks = service.tasks
+    if "fill-mask" in tasks:
+        Body, run, what = bodies["hf-fill-mask"], fill_mask, "fill-mask"
+    elif "ner" in tasks:
+        Body, run, what = bodies["hf-tokens"], token_classification, "token-classification"
+    elif "qa" in tasks:
+        Body, run, what = bodies["hf-qa"], question_answering, "question-answering"
+    elif "classify" in tasks:
+        shapes = {"hf": bodies["hf-classify"], "predict": bodies["predict"]}
+        if service.kind == "reranker":
+            shapes["rerank"] = bodies["tei-rerank"]
+
+        def pick(data) -> str:
+            if isinstance(data, dict) and "query" in data and "rerank" in shapes:
+                return "rerank"
+            return "hf" if isinstance(data, dict) and "parameters" in data else "predict"
+
+        Body = choose(pick, **shapes)
+        what = "rerank, text-classification or predict, by the payload"
+
+        async def run(api: Api, body):
+            if hasattr(body, "query"):
+                return await rerank_tei(api, body)
+            if hasattr(body, "parameters"):
+                return await text_classification(api, body)
+            return await predict_tei(api, body)
+    else:
+        def pick(data) -> str:
+            return "similarity" if isinstance(data, dict) and isinstance(data.get("inputs"), dict) else "embed"
+
+        Body = choose(pick, embed=bodies["tei-embed"], similarity=bodies["similarity"])
+        what = "feature-extraction (TEI's /embed) or sentence-similarity, by the payload"
+
+        async def run(api: Api, body):
+            if hasattr(body, "normalize"):
+                return await embed_tei(api, body)
+            return await similarity_tei(api, body)
+
+    async def own_task(body: Body):
+        return await run(api, body)
+
+    api.post("/", "tei", f"this model's own task: {what} (the Inference API's and TEI's /)")(own_task)
+    api.post("/invocations", "tei", f"this model's own task: {what} (SageMaker's path)")(own_task)

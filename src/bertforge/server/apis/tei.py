@@ -1,0 +1,151 @@
+"""text-embeddings-inference's routes, with TEI 1.9's request and answer shapes: POST /embed, /embed_all,
+/embed_sparse (refused: no SPLADE model is served), /predict, /rerank, /similarity, /tokenize, /decode.
+/embed and /rerank also take bertforge's `{"texts"}` and Cohere's `{"documents"}`, chosen by the body's keys.
+(No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)"""
+
+
+import numpy as np
+
+from ..errors import Refused
+from .bertforge import embed_texts
+from .cohere import rerank as cohere_rerank
+from .common import Api, normalized, side_of
+
+
+def label_names(config) -> list[str]:
+    """Each class's label: config.id2label, else LABEL_i (as transformers names them)."""
+    return [config.id2label[i] for i in range(config.num_labels)] if config.id2label else [
+        f"LABEL_{i}" for i in range(config.num_labels)]
+
+
+def class_scores(logits: list[float], how: str) -> np.ndarray:
+    """Scores from one input's logits: "softmax", "sigmoid" or "none" (the logits)."""
+    x = np.asarray(logits, dtype=np.float64)
+    if how == "none":
+        return x
+    if how == "sigmoid":
+        return 1 / (1 + np.exp(-x))
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def ranked(logits: list[float], names: list[str], how: str, top_k: int | None = None) -> list[dict]:
+    """[{label, score}] best first (ties keep the label order), at most `top_k`."""
+    scores = class_scores(logits, how)
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    return [{"label": names[i], "score": float(scores[i])} for i in order[:top_k]]
+
+
+def tei_activation(logits: list[float], raw_scores: bool) -> str:
+    """TEI's rule: the logits as they are with raw_scores, else a sigmoid for one logit and a softmax for more."""
+    return "none" if raw_scores else "sigmoid" if len(logits) == 1 else "softmax"
+
+
+async def classify_pairs(api: Api, sequences: list[list[str]], truncate: bool, side: str, field: str) -> list[dict]:
+    """The classifier's rows (with logits) for [text] or [text, pair] sequences."""
+    texts = [s[0] for s in sequences]
+    pairs = [s[1] if len(s) > 1 else None for s in sequences]
+    singles = [i for i, p in enumerate(pairs) if p is None]
+    limit = api.service.config.max_sequence_length
+    counts = [0] * len(sequences)
+    for rows, with_pairs in ((singles, None), ([i for i in range(len(pairs)) if pairs[i] is not None], True)):
+        if rows:
+            found = api.counted([texts[i] for i in rows], field, limit, truncate,
+                                [pairs[i] for i in rows] if with_pairs else None)
+            for i, n in zip(rows, found):
+                counts[i] = n
+    items = [((t, p), (side,)) for t, p in zip(texts, pairs)]
+    return await api.submit("classify", items, sum(min(n, limit) for n in counts))
+
+
+async def embed_tei(api: Api, body) -> list:
+    """TEI's /embed (and the Inference API's feature-extraction): a vector per input."""
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    counts = api.counted(texts, "inputs", api.service.embed_max_tokens, api.truncates(body.truncate))
+    found = await api.vectors(texts, counts, side_of(body.truncation_direction))
+    return [v.tolist() for v in normalized(found, body.dimensions, body.normalize)]
+
+
+async def predict_tei(api: Api, body) -> list:
+    """TEI's /predict: [{label, score}] best first for one input, a list of those for a batch."""
+    one = isinstance(body.inputs, str) or (body.inputs and isinstance(body.inputs[0], str))
+    sequences = [[body.inputs]] if isinstance(body.inputs, str) else [body.inputs] if one else body.inputs
+    rows = await classify_pairs(api, sequences, api.truncates(body.truncate), side_of(body.truncation_direction),
+                                "inputs")
+    names = label_names(api.service.config)
+    answers = [ranked(r["logits"], names, tei_activation(r["logits"], body.raw_scores)) for r in rows]
+    return answers[0] if one else answers
+
+
+async def rerank_tei(api: Api, body) -> list:
+    """TEI's /rerank: [{index, score}] best first."""
+    api.counted([body.query] * len(body.texts), "texts", api.service.config.max_sequence_length,
+                api.truncates(body.truncate), body.texts)
+    scored, _ = await api.scores(body.query, body.texts, side_of(body.truncation_direction))
+    order = sorted(range(len(body.texts)), key=lambda i: -scored[i][0])  # stable: ties keep input order
+    return [{"index": i, "score": scored[i][1] if body.raw_scores else scored[i][0]}
+            | ({"text": body.texts[i]} if body.return_text else {}) for i in order]
+
+
+async def similarity_tei(api: Api, body) -> list[float]:
+    """TEI's /similarity (the Inference API's sentence-similarity): cosine with the source sentence."""
+    parameters = body.parameters
+    truncate = api.truncates(parameters.truncate if parameters else None)
+    side = side_of(parameters.truncation_direction if parameters else "right")
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    counts = api.counted(texts, "inputs.sentences", api.service.embed_max_tokens, truncate)
+    unit = np.stack(normalized(await api.vectors(texts, counts, side), None, True))
+    return [float(x) for x in unit[1:] @ unit[0]]
+
+
+def add(api: Api) -> None:
+    service, bodies = api.service, api.bodies
+    EmbedBody, EmbedAllBody, PredictBody = bodies["embed"], bodies["embed_all"], bodies["predict"]
+    RerankBody, SimilarityBody, TokenizeBody, DecodeBody = (bodies["rerank"], bodies["similarity"], bodies["tokenize"],
+                                                            bodies["decode"])
+    most = service.embed_max_tokens
+
+    @api.post("/embed", "tei", "sentence vectors: {'inputs', 'normalize', 'truncate', ...} (TEI) or {'texts'} "
+                               "(bertforge)")
+    async def embed(body: EmbedBody):
+        if hasattr(body, "texts"):
+            return await embed_texts(api, body.texts)
+        return await embed_tei(api, body)
+
+    @api.post("/embed_all", "tei", "every token's vector of each input, special tokens included (TEI's /embed_all)")
+    async def embed_all(body: EmbedAllBody):
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        counts = api.counted(texts, "inputs", most, api.truncates(body.truncate))
+        found = await api.submit("embed_all", [(t, (side_of(body.truncation_direction),)) for t in texts],
+                                 sum(min(n, most) for n in counts))
+        return [v.tolist() for v in found]
+
+    @api.post("/embed_sparse", "tei", "sparse (SPLADE) vectors: refused, as no SPLADE model is served")
+    async def embed_sparse(body: EmbedAllBody):
+        raise Refused(404, f"this model ({service.architecture}) is not a SPLADE model: /embed_sparse needs a "
+                           "sentence-transformers SparseEncoder directory, which bertforge does not serve; use /embed")
+
+    @api.post("/predict", "tei", "classify a text, a pair [text, text], or a batch of them (TEI's /predict)")
+    async def predict(body: PredictBody):
+        return await predict_tei(api, body)
+
+    @api.post("/rerank", "tei", "score texts against a query: TEI's {'query', 'texts'}, or Cohere's {'query', "
+                                "'documents'} (see /v1/rerank)")
+    async def rerank(body: RerankBody):
+        if hasattr(body, "documents"):
+            return await cohere_rerank(api, body, version=None)
+        return await rerank_tei(api, body)
+
+    @api.post("/similarity", "tei", "cosine similarity of each sentence with the source sentence (TEI's /similarity)")
+    async def similarity(body: SimilarityBody):
+        return await similarity_tei(api, body)
+
+    @api.post("/tokenize", "tei", "the tokens of each input (TEI's /tokenize)")
+    async def tokenize(body: TokenizeBody):
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        return service.tokenize(texts, body.add_special_tokens)
+
+    @api.post("/decode", "tei", "token ids back to text (TEI's /decode)")
+    async def decode(body: DecodeBody):
+        rows = body.ids if isinstance(body.ids[0], list) else [body.ids]
+        return service.decode(rows, body.skip_special_tokens)
