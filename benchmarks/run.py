@@ -1,6 +1,6 @@
 """The speed suite: every side-by-side speed measurement in one command.
 
-    python -m benchmarks.run [--sections pretrain,memory,finetune,inference] [--steps 10] [--repeats 3]
+    python -m benchmarks.run [--sections pretrain,memory,finetune,inference,training] [--steps 10] [--repeats 3]
 
 (a) pretraining real tokens/s, `mini` and `base` at seq 128 on ragged WikiText-2 pairs,
     against transformers.BertForPreTraining (steps alternate in one process; see
@@ -12,7 +12,10 @@
 (e) peak training memory: each library trains in a fresh subprocess (the same batches;
     transformers is imported in both so the baseline is the same) and reports its peak
     resident memory during steady-state steps above its resident memory before the model
-    was built.
+    was built;
+(f) training against the machine's peak (see train_peak.py): for `mini` and `base`, fp32 and bf16
+    autocast, the model step and `bertforge pretrain` end to end as shares of the matmul peak of
+    that precision measured in the run, and the model step against transformers' at the same precision.
 
 It prints ratios, writes benchmarks/results/suite.json and rewrites the table between the
 `suite` markers in docs/results.md.
@@ -37,6 +40,9 @@ from .inference import matmul_peak
 
 TARGETS = {"pretrain_mini": 4.0, "pretrain_base": 1.75, "mfu_base": 0.55, "sorted_vs_hf": 1.2, "sorted_vs_ort": 1.0,
            "file_order_vs_hf": 2.0, "int8_vs_ort": 1.5, "memory": 1.0}
+# Training shares of peak, end to end, by (size, precision); and the model step against transformers' (#30).
+PEAK_TARGETS = {("base", "fp32"): 0.75, ("base", "bf16"): 0.70, ("mini", "fp32"): 0.50, ("mini", "bf16"): 0.40}
+MINI_VS_TRANSFORMERS = 4.0
 
 
 def pretrain_flops(config, batch: dict) -> float:
@@ -176,6 +182,31 @@ def section_inference(args, result: dict) -> None:
           "transformers", flush=True)
 
 
+def section_training(args, result: dict) -> None:
+    from .train_peak import measure
+
+    r = measure(["mini", "base"], steps=6, e2e_steps=40)
+    result["training"] = r
+    for row in r["rows"]:
+        print(f"training {row['size']} {row['precision']}: end to end {row['end_to_end_share']:.0%} of peak, "
+              f"model step {row['vs_transformers']:.2f}x transformers", flush=True)
+
+
+def training_rows(training: dict) -> list[tuple]:
+    """(measure, bertforge, competitor, ratio, target) rows of the training-at-peak table."""
+    rows = []
+    for r in training["rows"]:
+        size, precision = r["size"], r["precision"]
+        rows.append((f"Training `{size}` {precision}, `bertforge pretrain` end to end, share of the {precision} "
+                     f"matmul peak ({r['peak_gflops']:,} GFLOP/s)", f"{r['end_to_end_share']:.0%}",
+                     f"{r['model_step_share']:.0%} (its model step alone)", f"{r['end_to_end_over_model_step']:.2f}×",
+                     f"≥ {PEAK_TARGETS[size, precision]:.0%}; ≥ 0.90×"))
+        rows.append(("… model step, real tokens/s", f"{r['model_step_tokens_per_s']:,}",
+                     f"{r['transformers_step_tokens_per_s']:,} (transformers, same precision)",
+                     f"{r['vs_transformers']:.2f}×", f"≥ {MINI_VS_TRANSFORMERS:.0f}×" if size == "mini" else ""))
+    return rows
+
+
 def table(result: dict) -> str:
     """The speed table of docs/results.md, generated from a suite result."""
     rows = ["| Measure | bertforge | Competitor | Ratio | Target |", "|---|---:|---:|---:|---:|"]
@@ -246,6 +277,9 @@ def table(result: dict) -> str:
         row("Inference model FLOPs utilisation (real tokens)",
             f"{mfu.get('bertforge_fused', mfu['bertforge']):.0%} fused, {mfu['bertforge']:.0%} eager",
             " / ".join(f"{mfu[k]:.0%} {k}" for k in engines), "", "")
+    if result.get("training"):
+        for cells in training_rows(result["training"]):
+            row(*cells)
     lines = [f"Machine: {result['machine']}; fp32 matmul peak measured in the run: "
              f"{result['matmul_peak_gflops']:.0f} GFLOP/s. Command: `{result['command']}` "
              f"({result['wall_s'] / 60:.0f} min). Medians throughout.", "", *rows]
@@ -266,7 +300,7 @@ def update_results_page(text: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sections", default="pretrain,memory,finetune,inference")
+    parser.add_argument("--sections", default="pretrain,memory,finetune,inference,training")
     parser.add_argument("--steps", type=int, default=10, help="timed pretraining steps per size")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over SST-2 dev per runner")
     parser.add_argument("--classifier", help="an SST-2 fine-tuned checkpoint, for the int8 accuracy change")

@@ -99,29 +99,25 @@ def end_to_end(size: str, corpus: Path, work: Path, precision: str, steps: int) 
     return median([r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > 10])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="mini,base")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--e2e-steps", type=int, default=60)
-    args = parser.parse_args()
+def measure(sizes: list[str], steps: int, e2e_steps: int) -> dict:
+    """The shares of peak for each size and precision (the rows of benchmarks/results/train_peak.json)."""
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
-    examples = pair_examples(tokenizer, 128, (args.steps + 2) * 16)
+    examples = pair_examples(tokenizer, 128, (steps + 2) * 16)
     work = Path(tempfile.mkdtemp(prefix="bf-train-peak-"))
     corpus = work / "wikitext2-articles.jsonl"
     corpus.write_text("".join(json.dumps({"text": a}) + "\n" for a in wikitext_articles()), encoding="utf-8")
     result = {"machine": machine(), "batch_size": 16, "seq_len": 128, "torch": torch.__version__,
               "transformers": transformers.__version__, "flops": "6 x non-embedding parameters x real tokens",
-              "command": f"python -m benchmarks.train_peak --sizes {args.sizes} --steps {args.steps} "
-                         f"--e2e-steps {args.e2e_steps}", "rows": []}
-    for size in args.sizes.split(","):
+              "command": f"python -m benchmarks.train_peak --sizes {','.join(sizes)} --steps {steps} "
+                         f"--e2e-steps {e2e_steps}", "rows": []}
+    for size in sizes:
         peaks = matmul_peaks()
-        steps = model_steps(size, examples, tokenizer, args.steps)
-        flops_per_token = 6 * steps["non_embedding_parameters"]
+        timed = model_steps(size, examples, tokenizer, steps)
+        flops_per_token = 6 * timed["non_embedding_parameters"]
         for precision in PRECISIONS:
             peak = peaks[precision]
-            e2e = end_to_end(size, corpus, work, precision, args.e2e_steps)
-            ours, theirs = steps[precision]["bertforge"], steps[precision]["transformers"]
+            e2e = end_to_end(size, corpus, work, precision, e2e_steps)
+            ours, theirs = timed[precision]["bertforge"], timed[precision]["transformers"]
             row = {"size": size, "precision": precision, "peak_gflops": round(peak),
                    "peaks": {k: round(v) for k, v in peaks.items()},
                    "model_step_tokens_per_s": round(ours), "model_step_share": round(ours * flops_per_token / 1e9 / peak, 3),
@@ -130,7 +126,16 @@ def main() -> None:
                    "end_to_end_over_model_step": round(e2e / ours, 2)}
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
-    print("saved", save("train_peak", result))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="mini,base")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--e2e-steps", type=int, default=60)
+    args = parser.parse_args()
+    print("saved", save("train_peak", measure(args.sizes.split(","), args.steps, args.e2e_steps)))
 
 
 if __name__ == "__main__":
