@@ -74,10 +74,12 @@ class Api:
         most = self.service.embed_max_tokens
         return await self.submit("embed", [(x, (side,)) for x in inputs], sum(min(n, most) for n in counts))
 
-    async def scores(self, query: str, texts: list[str], side: str = "right") -> tuple[list, list[int]]:
-        """(score, raw score) of each text against `query` (see `Service.relevance`), and the pairs' token counts."""
+    async def scores(self, query: str, texts: list[str], side: str = "right",
+                     counts: list[int] | None = None) -> tuple[list, list[int]]:
+        """(score, raw score) of each text against `query` (see `Service.relevance`), and the pairs' token counts
+        (`counts`, when the caller has them already)."""
         limit = self.service.config.max_sequence_length
-        counts = self.service.token_counts([query] * len(texts), texts)
+        counts = counts or self.service.token_counts([query] * len(texts), texts)
         found = await self.submit("rerank", [((query, t), (side,)) for t in texts], sum(min(n, limit) for n in counts))
         return found, counts
 

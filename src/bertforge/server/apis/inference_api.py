@@ -27,10 +27,10 @@ async def fill_mask(api: Api, body) -> list:
     params = body.parameters
     options = ((params.top_k if params and params.top_k else 5),
                tuple(params.targets) if params and params.targets else None)
-    found = await api.submit("fill-mask", [(t, options) for t in texts], sum(service.token_counts(texts)))
+    encoded = [service.encode(t) for t in texts]  # the ids the pipeline reads: for the budget and `sequence`
+    found = await api.submit("fill-mask", [(t, options) for t in texts], sum(len(ids) for ids in encoded))
     mask_id, out = service.tokenizer.mask_token_id, []
-    for text, masks in zip(texts, found):
-        ids = service.encode(text)
+    for ids, masks in zip(encoded, found):
         positions = [i for i, t in enumerate(ids) if t == mask_id]
         single = len(positions) == 1
         per_mask = []

@@ -79,9 +79,9 @@ async def predict_tei(api: Api, body) -> list:
 
 async def rerank_tei(api: Api, body) -> list:
     """TEI's /rerank: [{index, score}] best first."""
-    api.counted([body.query] * len(body.texts), "texts", api.service.config.max_sequence_length,
-                api.truncates(body.truncate), body.texts)
-    scored, _ = await api.scores(body.query, body.texts, side_of(body.truncation_direction))
+    counts = api.counted([body.query] * len(body.texts), "texts", api.service.config.max_sequence_length,
+                         api.truncates(body.truncate), body.texts)
+    scored, _ = await api.scores(body.query, body.texts, side_of(body.truncation_direction), counts)
     order = sorted(range(len(body.texts)), key=lambda i: -scored[i][0])  # stable: ties keep input order
     return [{"index": i, "score": scored[i][1] if body.raw_scores else scored[i][0]}
             | ({"text": body.texts[i]} if body.return_text else {}) for i in order]
