@@ -151,8 +151,7 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
     model.eval()
     config = model.config
     kind = model.problem_type()
-    names = [config.id2label[i] for i in range(config.num_labels)] if config.id2label else [
-        f"LABEL_{i}" for i in range(config.num_labels)]
+    names = config.label_names
 
     def step(batch, rows):
         out = []

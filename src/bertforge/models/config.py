@@ -196,6 +196,11 @@ class BertConfig:
         return 0
 
     @property
+    def label_names(self) -> list[str]:
+        """Each class's name, by index: `id2label`, else transformers' `LABEL_i`."""
+        return [self.id2label[i] if self.id2label else f"LABEL_{i}" for i in range(self.num_labels)]
+
+    @property
     def max_sequence_length(self) -> int:
         """The longest row the position table allows: what tokenizers truncate to and servers accept."""
         return self.max_position_embeddings - self.position_offset

@@ -16,7 +16,7 @@ Which task runs is decided by the model's head, then by the payload:
 
 from ..schemas import choose
 from .common import Api
-from .tei import classify_pairs, embed_tei, label_names, predict_tei, ranked, rerank_tei, similarity_tei
+from .tei import classify_pairs, embed_tei, predict_tei, ranked, rerank_tei, similarity_tei
 
 
 async def fill_mask(api: Api, body) -> list:
@@ -53,7 +53,7 @@ async def text_classification(api: Api, body) -> list:
     problem = api.service.model.problem_type()
     default = "sigmoid" if problem in ("regression", "multi_label_classification") else "softmax"
     how = body.parameters.function_to_apply or default
-    names = label_names(api.service.config)
+    names = api.service.config.label_names
     return [ranked(r["logits"], names, how, body.parameters.top_k) for r in rows]
 
 

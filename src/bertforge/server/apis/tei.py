@@ -12,12 +12,6 @@ from .cohere import rerank as cohere_rerank
 from .common import Api, normalized, side_of
 
 
-def label_names(config) -> list[str]:
-    """Each class's label: config.id2label, else LABEL_i (as transformers names them)."""
-    return [config.id2label[i] for i in range(config.num_labels)] if config.id2label else [
-        f"LABEL_{i}" for i in range(config.num_labels)]
-
-
 def class_scores(logits: list[float], how: str) -> np.ndarray:
     """Scores from one input's logits: "softmax", "sigmoid" or "none" (the logits)."""
     x = np.asarray(logits, dtype=np.float64)
@@ -72,7 +66,7 @@ async def predict_tei(api: Api, body) -> list:
     sequences = [[body.inputs]] if isinstance(body.inputs, str) else [body.inputs] if one else body.inputs
     rows = await classify_pairs(api, sequences, api.truncates(body.truncate), side_of(body.truncation_direction),
                                 "inputs")
-    names = label_names(api.service.config)
+    names = api.service.config.label_names
     answers = [ranked(r["logits"], names, tei_activation(r["logits"], body.raw_scores)) for r in rows]
     return answers[0] if one else answers
 
