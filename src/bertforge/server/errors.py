@@ -162,6 +162,4 @@ def describe(error: dict[str, Any], what: dict[str, str] | None = None) -> tuple
         return 422, f"{field} is required", field, "validation"
     if kind == "extra_forbidden":
         return 422, f"{field} is not a field of this request", field, "validation"
-    if kind == "union_tag_invalid":
-        return 422, f"{field}: {error.get('msg')}", field, "validation"
     return 422, f"{field}: {error.get('msg', 'invalid')}", field, "validation"

@@ -185,7 +185,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
     class Decode(Body):
         """TEI's body of /decode: token ids back to text."""
 
-        ids: choose(_shape_of_list, ids=Ids, nested=IdLists, one=Ids, many=IdLists)
+        ids: choose(lambda v: "nested" if _shape_of_list(v) == "nested" else "ids", ids=Ids, nested=IdLists)
         skip_special_tokens: bool = True
 
     # ------------------------------------------------------------------ Hugging Face Inference API at /

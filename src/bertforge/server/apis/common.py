@@ -79,7 +79,8 @@ class Api:
         """(score, raw score) of each text against `query` (see `Service.relevance`), and the pairs' token counts
         (`counts`, when the caller has them already)."""
         limit = self.service.config.max_sequence_length
-        counts = counts or self.service.token_counts([query] * len(texts), texts)
+        if counts is None:
+            counts = self.service.token_counts([query] * len(texts), texts)
         found = await self.submit("rerank", [((query, t), (side,)) for t in texts], sum(min(n, limit) for n in counts))
         return found, counts
 
