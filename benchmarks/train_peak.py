@@ -38,6 +38,14 @@ from .pretrain_throughput import pair_examples, paired_models, train_step
 PRECISIONS = ("fp32", "bf16")
 
 
+def sizes_and_steps(doc: str, steps: int) -> argparse.ArgumentParser:
+    """The options the training benchmarks share: which presets, and how many timed steps."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--sizes", default="mini,base")
+    parser.add_argument("--steps", type=int, default=steps)
+    return parser
+
+
 def matmul_peaks(n: int = 2048, repeats: int = 9) -> dict[str, float]:
     """GFLOP/s of an n x n x n matmul: MKL fp32, oneDNN fp32, bf16 (medians)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -63,28 +71,44 @@ def non_embedding_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if ".embeddings." not in f".{name}")
 
 
-def model_steps(size: str, examples: list[dict], tokenizer: Tokenizer, steps: int, warmup: int = 2) -> dict:
+def autocast_for(precision: str):
+    """A fresh context per use: bf16 autocast, or nothing for fp32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
+def interleaved_rates(runners: dict[str, tuple], batches: list[dict], precision: str, warmup: int) -> dict[str, float]:
+    """Median real tokens/s of each runner's training step, step for step on the same batches.
+
+    runners: name -> (model, optimizer, a context-manager factory around the step, or None)."""
+    rates: dict[str, list[float]] = {name: [] for name in runners}
+    for i, batch in enumerate(batches):
+        real = int(batch["attention_mask"].sum())
+        for name, (model, optimizer, around) in runners.items():  # interleaved: a drift reaches all
+            with (around() if around else contextlib.nullcontext()), autocast_for(precision):
+                seconds = train_step(model, optimizer, dict(batch))
+            if i >= warmup:
+                rates[name].append(real / seconds)
+    return {name: median(v) for name, v in rates.items()}
+
+
+def masked_batches(tokenizer: Tokenizer, count: int) -> list[dict]:
+    """`count` B16 L128 masked WikiText-2 pair batches, the same on every call."""
+    examples = pair_examples(tokenizer, 128, count * 16)
+    collate = MaskingCollator(tokenizer, 128)
+    rng = np.random.default_rng(0)
+    return [collate(examples[i * 16:(i + 1) * 16], rng) for i in range(count)]
+
+
+def model_steps(size: str, tokenizer: Tokenizer, steps: int, warmup: int = 2) -> dict:
     """Model-step tokens/s of bertforge and transformers, per precision, interleaved step by step."""
     ours, hf_model = paired_models(size, tokenizer)
     # Each library's default AdamW: torch's fused kernel is what bertforge's loop uses (training/optim.py).
-    optimizers = {"transformers": torch.optim.AdamW(hf_model.parameters(), lr=1e-4),
-                  "bertforge": torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True)}
-    collate = MaskingCollator(tokenizer, 128)
-    rng = np.random.default_rng(0)
-    batches = [collate(examples[i * 16:(i + 1) * 16], rng) for i in range(warmup + steps)]
+    runners = {"transformers": (hf_model, torch.optim.AdamW(hf_model.parameters(), lr=1e-4), None),
+               "bertforge": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True), None)}
+    batches = masked_batches(tokenizer, warmup + steps)
     result = {"non_embedding_parameters": non_embedding_parameters(ours)}
     for precision in PRECISIONS:
-        context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" \
-            else contextlib.nullcontext
-        rates: dict[str, list[float]] = {"transformers": [], "bertforge": []}
-        for i, batch in enumerate(batches):
-            real = int(batch["attention_mask"].sum())
-            for name, model in (("transformers", hf_model), ("bertforge", ours)):
-                with context():
-                    seconds = train_step(model, optimizers[name], dict(batch))
-                if i >= warmup:
-                    rates[name].append(real / seconds)
-        result[precision] = {name: median(v) for name, v in rates.items()}
+        result[precision] = interleaved_rates(runners, batches, precision, warmup)
     return result
 
 
@@ -102,7 +126,6 @@ def end_to_end(size: str, corpus: Path, work: Path, precision: str, steps: int) 
 def measure(sizes: list[str], steps: int, e2e_steps: int) -> dict:
     """The shares of peak for each size and precision (the rows of benchmarks/results/train_peak.json)."""
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
-    examples = pair_examples(tokenizer, 128, (steps + 2) * 16)
     work = Path(tempfile.mkdtemp(prefix="bf-train-peak-"))
     corpus = work / "wikitext2-articles.jsonl"
     corpus.write_text("".join(json.dumps({"text": a}) + "\n" for a in wikitext_articles()), encoding="utf-8")
@@ -112,7 +135,7 @@ def measure(sizes: list[str], steps: int, e2e_steps: int) -> dict:
                          f"--e2e-steps {e2e_steps}", "rows": []}
     for size in sizes:
         peaks = matmul_peaks()
-        timed = model_steps(size, examples, tokenizer, steps)
+        timed = model_steps(size, tokenizer, steps)
         flops_per_token = 6 * timed["non_embedding_parameters"]
         for precision in PRECISIONS:
             peak = peaks[precision]
@@ -130,9 +153,7 @@ def measure(sizes: list[str], steps: int, e2e_steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="mini,base")
-    parser.add_argument("--steps", type=int, default=6)
+    parser = sizes_and_steps(__doc__, steps=6)
     parser.add_argument("--e2e-steps", type=int, default=60)
     args = parser.parse_args()
     print("saved", save("train_peak", measure(args.sizes.split(","), args.steps, args.e2e_steps)))

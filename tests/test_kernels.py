@@ -80,11 +80,11 @@ def test_kernel_refuses_inputs_it_cannot_read(attend):
 
 
 def test_switched_off_or_unbuildable_means_none_and_one_warning(monkeypatch, caplog):
-    kernels.varlen_attention.cache_clear()
+    kernels.library.cache_clear()
     try:
         monkeypatch.setenv(kernels.SWITCH, "0")
-        assert kernels.varlen_attention() is None
-        kernels.varlen_attention.cache_clear()
+        assert kernels.varlen_attention() is None and kernels.hashed_dropout() is None
+        kernels.library.cache_clear()
         monkeypatch.delenv(kernels.SWITCH)
 
         def no_compiler(*args, **kwargs):
@@ -92,10 +92,10 @@ def test_switched_off_or_unbuildable_means_none_and_one_warning(monkeypatch, cap
 
         monkeypatch.setattr("torch.utils.cpp_extension.load", no_compiler)
         with caplog.at_level(logging.WARNING, logger="bertforge.kernels"):
-            assert kernels.varlen_attention() is None
+            assert kernels.varlen_attention() is None and kernels.hashed_dropout() is None
         assert "could not be built (Error building extension: c++: command not found)" in caplog.text
     finally:
-        kernels.varlen_attention.cache_clear()
+        kernels.library.cache_clear()
 
 
 def test_a_lock_left_by_a_dead_build_is_cleared_a_live_one_kept(tmp_path, caplog):

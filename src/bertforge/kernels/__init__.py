@@ -1,14 +1,20 @@
 """Native CPU kernels, compiled from the C++ beside this file the first time they are needed.
 
-One kernel so far: `varlen_attention`, attention straight on the unpadded tokens of the fused
-encoder (see `varlen_attention.cpp` for how and why). It is built with PyTorch's own extension
+Two kernels, built together into one library:
+- `varlen_attention`: attention straight on the unpadded tokens of the fused encoder, for
+  inference (see `varlen_attention.cpp` for how and why);
+- `hashed_dropout`: training's dropout with a mask hashed from each element's index, so it is
+  cheap to draw and never stored (`dropout.cpp`; the autograd wrapper is `kernels.dropout`).
+
+They are built with PyTorch's own extension
 tooling (`torch.utils.cpp_extension.load`: a C++ compiler and ninja), once per machine, into
 PyTorch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions);
 about 10 s on a 2-core machine, then a load of a few milliseconds.
 
-Where it cannot be built (no compiler) the fused path says so once and runs attention in
-PyTorch ops instead: the same numbers within float rounding, measured ~7% slower end to end.
-`BERTFORGE_NATIVE_KERNELS=0` chooses that path on purpose.
+Where they cannot be built (no compiler) bertforge says so once and runs both in PyTorch ops
+instead: attention gives the same numbers within float rounding (measured ~7% slower end to end),
+dropout the same bits (its hash is written in torch's integer ops too), only slower.
+`BERTFORGE_NATIVE_KERNELS=0` chooses those paths on purpose.
 
     attend = varlen_attention()      # None where unavailable
     context = attend(qkv, cu_seqlens, num_heads)   # float [N, 3H] -> float [N, H]
@@ -28,7 +34,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SWITCH = "BERTFORGE_NATIVE_KERNELS"
-_SOURCE = Path(__file__).with_name("varlen_attention.cpp")
+_SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "dropout.cpp")]
 # -fopenmp: at::parallel_for is inline and, in OpenMP builds of torch, an `omp parallel` region;
 # without the flag it runs on one thread. No OpenMP library is linked: the symbols resolve to the
 # one torch already loaded, so the process keeps a single thread pool.
@@ -60,14 +66,10 @@ def _clear_stale_lock(lock: Path) -> None:
 
 
 @functools.cache
-def varlen_attention() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
-    """The native attention op, built or loaded on first call; None where it cannot be had.
-
-    The op: (qkv float [N, 3H] contiguous, cu_seqlens int [S + 1], num_heads) -> float [N, H],
-    softmax(q k^T) v per head within each sequence, the query already scaled by 1/sqrt(d).
-    """
+def library() -> bool:
+    """Build (once per machine) or load the native kernels; False where they cannot be had."""
     if os.environ.get(SWITCH, "1") == "0":
-        return None
+        return False
     capability = isa()
     name = f"bertforge_kernels_{capability.lower()}"
     start = time.perf_counter()
@@ -77,14 +79,32 @@ def varlen_attention() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tens
         build_dir = Path(_get_build_directory(name, verbose=False))
         _clear_stale_lock(build_dir / "lock")
         if not (build_dir / f"{name}.so").exists():  # a first start pauses here; say why (with -v)
-            log.info("compiling the native attention kernel for this machine (%s), once: about 10 s", capability)
-        load(name=name, sources=[str(_SOURCE)],
+            log.info("compiling bertforge's native kernels for this machine (%s), once: about 15 s", capability)
+        load(name=name, sources=[str(source) for source in _SOURCES],
              extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS.get(capability, [])], is_python_module=False, verbose=False)
-    except Exception as error:  # no compiler or no ninja: a slower path, not a wrong one
+    except Exception as error:  # no compiler or no ninja: slower paths, not wrong ones
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        log.warning("bertforge's native attention kernel could not be built (%s); the fused path runs "
-                    "attention in PyTorch ops instead (the same numbers, a few %% slower). Set %s=0 to "
-                    "skip this attempt.", reason, SWITCH)
-        return None
-    log.debug("native attention kernel ready (%s) in %.1f s", capability, time.perf_counter() - start)
-    return torch.ops.bertforge.varlen_attention
+        log.warning("bertforge's native kernels could not be built (%s); attention at inference and "
+                    "dropout in training run in PyTorch ops instead (the same numbers, slower). Set %s=0 "
+                    "to skip this attempt.", reason, SWITCH)
+        return False
+    log.debug("native kernels ready (%s) in %.1f s", capability, time.perf_counter() - start)
+    return True
+
+
+def varlen_attention() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
+    """The native attention op, built or loaded on first call; None where it cannot be had.
+
+    The op: (qkv float [N, 3H] contiguous, cu_seqlens int [S + 1], num_heads) -> float [N, H],
+    softmax(q k^T) v per head within each sequence, the query already scaled by 1/sqrt(d).
+    """
+    return torch.ops.bertforge.varlen_attention if library() else None
+
+
+def hashed_dropout() -> Callable[[torch.Tensor, int, int, float], torch.Tensor] | None:
+    """The native dropout op, built or loaded on first call; None where it cannot be had.
+
+    The op: (x float32 or bfloat16, contiguous; key int64; threshold in [0, 2^32); scale) -> a tensor
+    like x, `x * scale` where hash(index, key) >= threshold and 0 elsewhere (see dropout.cpp).
+    """
+    return torch.ops.bertforge.hashed_dropout if library() else None

@@ -33,7 +33,7 @@ from .bert import BertModel
 from .config import BertConfig, RenamedConfig
 from .heads import (BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification, PreTrainingOutput)
-from .layers import BertLayer
+from .layers import BertLayer, Dropout
 
 
 @dataclass
@@ -100,7 +100,7 @@ class SentenceOrderHead(nn.Module):
 
     def __init__(self, config: AlbertConfig) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.dropout = Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from .base import NameTable
 from .bert import BertModel
 from .config import RenamedConfig
+from .layers import Dropout
 from .heads import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification, HeadModel)
 
@@ -102,7 +103,7 @@ class DistilBertForSequenceClassification(DistilBertHead, BertForSequenceClassif
         self.config = config
         self._add_backbone(config, add_pooling_layer=False)
         self.pre_classifier = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.seq_classif_dropout)
+        self.dropout = Dropout(config.seq_classif_dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
@@ -127,7 +128,7 @@ class DistilBertForQuestionAnswering(DistilBertHead, BertForQuestionAnswering):
 
     def __init__(self, config: DistilBertConfig) -> None:
         super().__init__(config)
-        self.dropout = nn.Dropout(config.qa_dropout)
+        self.dropout = Dropout(config.qa_dropout)
 
 
 _LAYER = "transformer.layer.{i}."

@@ -21,7 +21,7 @@ from torch import nn
 from ..constants import IGNORE_INDEX
 from .bert import BertModel, BertPreTrainedModel
 from .config import BertConfig
-from .layers import activation
+from .layers import Dropout, activation
 
 
 @dataclass
@@ -116,7 +116,7 @@ class ClassificationHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = act
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
+        self.dropout = Dropout(p)
         self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, first: torch.Tensor) -> torch.Tensor:
@@ -238,7 +238,7 @@ class LinearHead(HeadModel):
         self.pooled, self.first_token, self.layer = pooled and head is None, pooled and head is not None, layer
         self._add_backbone(config, add_pooling_layer=self.pooled)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p) if dropout and head is None else nn.Identity()
+        self.dropout = Dropout(p) if dropout and head is None else nn.Identity()
         setattr(self, layer, head if head is not None else nn.Linear(config.hidden_size, out_features))
         self.init_weights()
 
