@@ -39,7 +39,7 @@ import torch
 
 from .. import kernels
 from ..models.bert import BertModel
-from ..models.layers import BertLayer
+from ..models.layers import BertLayer, SelfAttention
 from ..models.padding import Packing, from_sequences, to_sequences
 
 _mkldnn = torch.ops.mkldnn
@@ -177,7 +177,8 @@ def fuse_for_inference(model: torch.nn.Module, native_attention: bool = True) ->
     attend = kernels.varlen_attention() if native_attention else None
     backbone = model if isinstance(model, BertModel) else model.backbone
     # Every block once, however often it runs (ALBERT runs its shared blocks several times).
-    for layer in (m for m in backbone.modules() if isinstance(m, BertLayer)):
+    # Only BERT's own attention is fused: a block whose attention differs (DeBERTa's) runs as it is.
+    for layer in (m for m in backbone.modules() if isinstance(m, BertLayer) and type(m.attention) is SelfAttention):
         if isinstance(layer.forward, _FusedLayer):
             layer.forward.attend = attend  # fused already: only the attention choice may change
             continue

@@ -43,8 +43,8 @@ def _compile(table: list[tuple[str, str]], prefix: str, reverse: bool) -> list[t
 
 
 def names_of(model: torch.nn.Module) -> NameTable:
-    """The name table of the model's architecture (its registry row)."""
-    return family(model.model_type).names
+    """The name table of the model's architecture (its registry row, as the model's config reads it)."""
+    return model.checkpoint_names(family(model.model_type).names)
 
 
 def has_backbone_prefix(model: torch.nn.Module) -> bool:

@@ -87,6 +87,11 @@ class PreTrainedModel(nn.Module):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
 
+    def checkpoint_names(self, table: NameTable) -> NameTable:
+        """The name table this model's checkpoints use: its family's (`table`), unless a config setting
+        renames a head (DeBERTa's `legacy`)."""
+        return table
+
     @classmethod
     def from_pretrained(cls, path: str | Path, **config_overrides: Any) -> Any:
         """Load a Hugging Face style directory (config.json + model.safetensors or pytorch_model.bin).

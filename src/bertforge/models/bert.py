@@ -35,7 +35,7 @@ from ..errors import InputError
 from .base import NameTable, PreTrainedModel
 from .config import BertConfig
 from .layers import BertLayer, Embeddings, Pooler
-from .padding import block_diagonal_mask, example_starts, packing, pad, unpad
+from .padding import Packing, block_diagonal_mask, example_starts, packing, pad, unpad
 
 
 @dataclass
@@ -103,16 +103,24 @@ class BertModel(BertPreTrainedModel):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__()
         self.config = config
-        self.embeddings = Embeddings(config, config.pad_token_id if self.pads_positions else None)
+        self.embeddings = self.build_embeddings(config)
         # Factorised embeddings (ALBERT, ELECTRA): E-wide vectors projected up to the hidden size.
         self.project = nn.Linear(config.embedding_width, config.hidden_size) if self.projects(config) else None
         self.layers = self.build_layers(config)
-        self.pooler = Pooler(config) if add_pooling_layer else None
+        self.pooler = self.build_pooler(config) if add_pooling_layer else None
         self.unpad = True  # run padded batches on their real tokens only (same numbers, less work)
         self.init_weights()
 
     # BERT counts positions from 0 and gives padding ordinary positions; RoBERTa overrides these two.
     pads_positions = False
+
+    def build_embeddings(self, config: BertConfig) -> nn.Module:
+        """Token, position and segment lookups, summed and normalised (DeBERTa's differ)."""
+        return Embeddings(config, config.pad_token_id if self.pads_positions else None)
+
+    def build_pooler(self, config: BertConfig) -> nn.Module:
+        """What `pooler_output` is computed by from the first token's state: BERT's tanh(Linear)."""
+        return Pooler(config)
 
     def projects(self, config: BertConfig) -> bool:
         """Whether the embeddings are projected up to the hidden size: when they are narrower (ELECTRA's rule)."""
@@ -125,6 +133,16 @@ class BertModel(BertPreTrainedModel):
     def blocks(self) -> Iterator[nn.Module]:
         """The blocks in the order they run, one per layer."""
         return iter(self.layers)
+
+    def encode(self, x: torch.Tensor, mask: torch.Tensor | None, packed: Packing | None,
+               output_attentions: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Each block's output and attention probabilities (or None), in order: the blocks one after
+        another (a family whose blocks need more than the previous output overrides this).
+
+        x: the embeddings, float [B, T, H] (or [N, H] when `packed`); mask as `SelfAttention` takes it."""
+        for layer in self.blocks():
+            x, probs = layer(x, mask, output_attentions, packed)
+            yield x, probs
 
     @property
     def position_offset(self) -> int:
@@ -209,8 +227,7 @@ class BertModel(BertPreTrainedModel):
         padded = (lambda t: pad(t, packed)) if packed is not None else (lambda t: t)
         all_hidden = [padded(x)] if output_hidden_states else None
         all_probs = [] if output_attentions else None
-        for layer in self.blocks():
-            x, probs = layer(x, mask, output_attentions, packed)
+        for x, probs in self.encode(x, mask, packed, output_attentions):
             if all_hidden is not None:
                 all_hidden.append(padded(x))
             if all_probs is not None:

@@ -144,20 +144,23 @@ class FeedForward(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """One post-LN transformer block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+    """One post-LN transformer block: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
-    def __init__(self, config: BertConfig) -> None:
+    attention: BERT's `SelfAttention` unless a family passes its own (DeBERTa's disentangled one),
+    which takes the same arguments plus any keywords `forward` is given for it."""
+
+    def __init__(self, config: BertConfig, attention: nn.Module | None = None) -> None:
         super().__init__()
-        self.attention = SelfAttention(config)
+        self.attention = attention if attention is not None else SelfAttention(config)
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ffn = FeedForward(config)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
-                packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                packed: Packing | None = None, **attention_args) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: float [B, T, H] (or [N, H] packed) -> (the same shape, attention probabilities or None)."""
-        attended, probs = self.attention(x, mask, output_attentions, packed)
+        attended, probs = self.attention(x, mask, output_attentions, packed, **attention_args)
         x = self.attention_norm(x + self.dropout(attended))
         x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, probs
