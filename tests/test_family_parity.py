@@ -48,6 +48,11 @@ FAMILIES = {
         "AutoModelForSequenceClassification": "ElectraForSequenceClassification",
         "AutoModelForTokenClassification": "ElectraForTokenClassification",
         "AutoModelForQuestionAnswering": "ElectraForQuestionAnswering"}),
+    "deberta-v2": ("DebertaV2Config", {
+        "AutoModel": "DebertaV2Model", "AutoModelForMaskedLM": "DebertaV2ForMaskedLM",
+        "AutoModelForSequenceClassification": "DebertaV2ForSequenceClassification",
+        "AutoModelForTokenClassification": "DebertaV2ForTokenClassification",
+        "AutoModelForQuestionAnswering": "DebertaV2ForQuestionAnswering"}),
 }
 # Shapes that exercise what the family adds: the position offset (max_position_embeddings = T + 2), an
 # untied decoder, a non-GELU hidden_act (the LM head stays exact GELU), RoBERTa's layer_norm_eps, a
@@ -79,7 +84,21 @@ ELECTRA_SHAPES = {
     "base": dict(SHAPES["base"], embedding_size=16),
     "untied-relu": dict(SHAPES["untied-relu"], embedding_size=24),
 }
-SHAPES_OF = {"distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES}
+# DeBERTa: DeBERTa-v3's settings with 4 position buckets, so the 16-token rows reach the log-spaced ones
+# (shared keys, both terms as v3's "p2c|c2p" string, normalised distance table, no absolute positions, no
+# segments); then 64 buckets (every distance exact), separate position projections for c2p alone,
+# absolute positions, two segments, embeddings projected 16 -> 24 with the legacy head's dense to 16,
+# and the convolution after the first layer.
+DEBERTA_SHAPES = {
+    "base": dict(SHAPES["base"], type_vocab_size=0, relative_attention=True, position_buckets=4,
+                 max_relative_positions=12, pos_att_type="p2c|c2p", share_att_key=True, norm_rel_ebd="layer_norm",
+                 position_biased_input=False, layer_norm_eps=1e-7),
+    "untied-relu": dict(SHAPES["untied-relu"], relative_attention=True, position_buckets=64, pos_att_type=["c2p"],
+                        embedding_size=16, conv_kernel_size=3, conv_act="gelu", cls_dropout=0.3, pooler_dropout=0.1,
+                        pooler_hidden_act="tanh"),
+}
+SHAPES_OF = {"distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES,
+             "deberta-v2": DEBERTA_SHAPES}
 T = 16  # the longest row: max_position_embeddings - 2 for the "base" shape
 
 
@@ -128,7 +147,8 @@ def test_both_ways(tmp_path, family, auto, shape):
     config_name, heads = FAMILIES[family]
     labels = 2 if auto == "AutoModelForQuestionAnswering" else 3
     sizes = SHAPES_OF.get(family, SHAPES)[shape]
-    config = getattr(transformers, config_name)(**sizes, num_labels=labels)
+    config = getattr(transformers, config_name)(**{k: v for k, v in sizes.items() if k != "classifier_dropout"
+                                                   or family != "deberta-v2"}, num_labels=labels)
     torch.manual_seed(0)
     hf_model = perturbed(getattr(transformers, heads[auto])(config))
     hf_model.save_pretrained(tmp_path / "hf")

@@ -236,4 +236,4 @@ def test_head_registry_describes_every_head():
     assert set(TASK_ARCHITECTURES) - {"regress"} <= set(PREDICT_TASKS)
     assert TASK_ARCHITECTURES["fill-mask"] == ("BertForMaskedLM", "BertForPreTraining", "RobertaForMaskedLM",
                                                "XLMRobertaForMaskedLM", "DistilBertForMaskedLM", "AlbertForMaskedLM",
-                                               "AlbertForPreTraining", "ElectraForMaskedLM")
+                                               "AlbertForPreTraining", "ElectraForMaskedLM", "DebertaV2ForMaskedLM")

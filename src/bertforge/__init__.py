@@ -35,6 +35,9 @@ _EXPORTS = {
     **{name: "models.electra" for name in (
         "ElectraConfig", "ElectraModel", "ElectraForPreTraining", "ElectraForMaskedLM",
         "ElectraForSequenceClassification", "ElectraForTokenClassification", "ElectraForQuestionAnswering")},
+    **{name: "models.deberta_v2" for name in (
+        "DebertaV2Config", "DebertaV2Model", "DebertaV2ForMaskedLM", "DebertaV2ForSequenceClassification",
+        "DebertaV2ForTokenClassification", "DebertaV2ForQuestionAnswering")},
     "AutoConfig": "interop.auto", "AutoModel": "interop.auto", "AutoModelForPreTraining": "interop.auto",
     "AutoModelForMaskedLM": "interop.auto", "AutoModelForNextSentencePrediction": "interop.auto",
     "AutoModelForSequenceClassification": "interop.auto", "AutoModelForTokenClassification": "interop.auto",

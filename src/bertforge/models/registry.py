@@ -19,6 +19,9 @@ from .base import NameTable, PreTrainedModel
 from .bert import HF_NAMES as BERT_NAMES
 from .bert import BertModel
 from .config import BertConfig
+from .deberta_v2 import HF_NAMES as DEBERTA_V2_NAMES
+from .deberta_v2 import (DebertaV2Config, DebertaV2ForMaskedLM, DebertaV2ForQuestionAnswering,
+                         DebertaV2ForSequenceClassification, DebertaV2ForTokenClassification, DebertaV2Model)
 from .distilbert import HF_NAMES as DISTILBERT_NAMES
 from .distilbert import (DistilBertConfig, DistilBertForMaskedLM, DistilBertForQuestionAnswering,
                          DistilBertForSequenceClassification, DistilBertForTokenClassification, DistilBertModel)
@@ -163,7 +166,16 @@ ELECTRA = Family("electra", ElectraConfig, ElectraModel, ELECTRA_NAMES, "wordpie
     span_extractor(ElectraForQuestionAnswering),
 ), tokenizer_class="ElectraTokenizer")
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA)}
+# DeBERTa-v2 and -v3 pretrain with masked-LM alone (v3's replaced-token detection is not built), so the
+# masked-LM model is also the pretraining model.
+DEBERTA_V2 = Family("deberta-v2", DebertaV2Config, DebertaV2Model, DEBERTA_V2_NAMES, "unigram", (
+    base(DebertaV2Model, pooler=False), masked_lm(DebertaV2ForMaskedLM, "cls.predictions."),
+    sequence_classifier(DebertaV2ForSequenceClassification), token_classifier(DebertaV2ForTokenClassification),
+    span_extractor(DebertaV2ForQuestionAnswering),
+), tokenizer_class="DebertaV2Tokenizer")
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA,
+                                                         DEBERTA_V2)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}
