@@ -111,7 +111,7 @@ def corpus() -> list[str]:
     return [line for line in lines if line.strip()] or SENTENCES * 50 + ["Héllo wörld, 東京 🙂!", "naïve café"] * 5
 
 
-def trained_unigram_vocab(specials: list[str]) -> list[tuple[str, float]]:
+def trained_unigram_vocab(specials: list[str], unk: str = "<unk>") -> list[tuple[str, float]]:
     """A small SentencePiece Unigram vocabulary, (piece, score) pairs with `specials` first, trained on `corpus()`."""
     import json
 
@@ -122,17 +122,17 @@ def trained_unigram_vocab(specials: list[str]) -> list[tuple[str, float]]:
     backend.normalizer = normalizers.NFKC()
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
     backend.train_from_iterator(corpus(), trainers.UnigramTrainer(vocab_size=600, special_tokens=specials,
-                                                                  unk_token="<unk>"))
+                                                                  unk_token=unk))
     return [(piece, score) for piece, score in json.loads(backend.to_str())["model"]["vocab"]]
 
 
-def _unigram_dirs(root: Path, hf_class: str, specials: list[str], **settings) -> Path:
+def _unigram_dirs(root: Path, hf_class: str, specials: list[str], unk: str = "<unk>", **settings) -> Path:
     """A Unigram tokenizer as transformers' `hf_class` saves it ("hf") and as bertforge saves it after reading that
     ("ours")."""
     transformers = pytest.importorskip("transformers")
     from bertforge.tokenization.kinds import load_tokenizer
 
-    getattr(transformers, hf_class)(vocab=trained_unigram_vocab(specials), **settings).save_pretrained(root / "hf")
+    getattr(transformers, hf_class)(vocab=trained_unigram_vocab(specials, unk), **settings).save_pretrained(root / "hf")
     load_tokenizer(root / "hf").save(root / "ours")
     return root
 
@@ -142,6 +142,13 @@ def unigram_dirs(tmp_path_factory):
     """XLM-RoBERTa's SentencePiece Unigram tokenizer, trained on a little text (see `_unigram_dirs`)."""
     return _unigram_dirs(tmp_path_factory.mktemp("unigram"), "XLMRobertaTokenizer",
                          ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+
+
+@pytest.fixture(scope="session")
+def deberta_dirs(tmp_path_factory):
+    """DeBERTa-v2/v3's SentencePiece Unigram tokenizer, trained on a little text (see `_unigram_dirs`)."""
+    return _unigram_dirs(tmp_path_factory.mktemp("deberta-tok"), "DebertaV2Tokenizer",
+                         ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"], unk="[UNK]")
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,13 @@
-"""ALBERT and ELECTRA checkpoints through bertforge's surfaces: predict on every backend, fill-mask with
-`[MASK]`, NER and QA offsets, embeddings, serve's cross-encoder scores, inspect, attention maps and
-fine-tuning.
+"""ALBERT, ELECTRA and DeBERTa-v3 checkpoints through bertforge's surfaces: predict on every backend,
+fill-mask with `[MASK]`, NER and QA offsets, embeddings, serve's cross-encoder scores, inspect, attention
+maps and fine-tuning.
 
-Both factorise their embeddings (E < H, projected up), and ALBERT shares its blocks across layers, so
-these are the surfaces where a shape or a layer count could go wrong. Each checkpoint is a small
-random transformers model (every parameter perturbed) saved with a tokenizer of its family trained
-in the test (ALBERT's SentencePiece Unigram, ELECTRA's WordPiece); each surface's numbers are compared
-with what transformers or sentence-transformers computes from the same directory.
+ALBERT and ELECTRA factorise their embeddings (E < H, projected up), ALBERT shares its blocks across
+layers, and DeBERTa's attention adds relative-position terms, so these are the surfaces where a shape,
+a layer count or an attention path could go wrong. Each checkpoint is a small random transformers
+model (every parameter perturbed) saved with a tokenizer of its family trained in the test (ALBERT's
+and DeBERTa's SentencePiece Unigram, ELECTRA's WordPiece); each surface's numbers are compared with
+what transformers or sentence-transformers computes from the same directory.
 """
 
 from __future__ import annotations
@@ -30,16 +31,21 @@ TEXTS = ["a good film", "a bad film , truly", "Héllo wörld 東京", "not good 
 SIZES = {"albert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
                         max_position_embeddings=128, embedding_size=16, num_hidden_groups=2, inner_group_num=2),
          "electra": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-                         max_position_embeddings=128, embedding_size=16)}
+                         max_position_embeddings=128, embedding_size=16),
+         # DeBERTa-v3's settings, with 8 position buckets so that sentences reach the log-spaced ones.
+         "deberta-v2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                            max_position_embeddings=128, type_vocab_size=0, relative_attention=True,
+                            position_buckets=8, max_relative_positions=64, pos_att_type="p2c|c2p",
+                            share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False)}
 HEADS = {"masked": ("ForMaskedLM", None), "classifier": ("ForSequenceClassification", ["neg", "pos"]),
          "tagger": ("ForTokenClassification", ["O", "B-PER", "I-PER"]), "reader": ("ForQuestionAnswering", None)}
-PREFIX = {"albert": "Albert", "electra": "Electra"}
+PREFIX = {"albert": "Albert", "electra": "Electra", "deberta-v2": "DebertaV2"}
 
 
-def tokenizer_dir(family: str, albert_dirs, root):
-    """ALBERT's Unigram tokenizer as transformers saved it, or a WordPiece one saved as ELECTRA's."""
-    if family == "albert":
-        return albert_dirs / "hf"
+def tokenizer_dir(family: str, unigram: dict, root):
+    """ALBERT's or DeBERTa's Unigram tokenizer as transformers saved it, or a WordPiece one saved as ELECTRA's."""
+    if family in unigram:
+        return unigram[family] / "hf"
     tok = bertforge.Tokenizer.train(texts=corpus(), vocab_size=600)
     tok.save(root / "tok")
     config = json.loads((root / "tok" / "tokenizer_config.json").read_text())
@@ -47,11 +53,11 @@ def tokenizer_dir(family: str, albert_dirs, root):
     return root / "tok"
 
 
-@pytest.fixture(scope="module", params=["albert", "electra"])
-def dirs(request, tmp_path_factory, albert_dirs):
+@pytest.fixture(scope="module", params=["albert", "electra", "deberta-v2"])
+def dirs(request, tmp_path_factory, albert_dirs, deberta_dirs):
     family = request.param
     root = tmp_path_factory.mktemp(family)
-    tok_dir = tokenizer_dir(family, albert_dirs, root)
+    tok_dir = tokenizer_dir(family, {"albert": albert_dirs, "deberta-v2": deberta_dirs}, root)
     vocab_size = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
     out = {"family": family}
     torch.manual_seed(0)
@@ -89,7 +95,8 @@ def test_fused_layers_are_each_packed_once(dirs):
         ref = model(ids).last_hidden_state
         fuse_for_inference(model, native_attention=False)
         got = model(ids).last_hidden_state
-    assert all(isinstance(b.forward, _FusedLayer) for b in blocks)
+    # DeBERTa's attention is not BERT's: the fused path leaves its blocks as they are (eager, same numbers).
+    assert all(isinstance(b.forward, _FusedLayer) == (dirs["family"] != "deberta-v2") for b in blocks)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
@@ -119,7 +126,7 @@ def test_served_cross_encoder_scores_are_transformers(dirs, tmp_path):
     torch.manual_seed(1)
     perturbed(getattr(transformers, PREFIX[dirs["family"]] + "ForSequenceClassification")(config)).save_pretrained(tmp_path)
     for f in dirs["classifier"].iterdir():
-        if f.name.startswith(("tokenizer", "special", "vocab", "spiece")):
+        if f.name.startswith(("tokenizer", "special", "vocab", "spiece", "spm")):
             (tmp_path / f.name).write_bytes(f.read_bytes())
     pairs = [("what is a good film?", t) for t in TEXTS]
     ours = served_relevance(tmp_path, pairs, backend="fused")

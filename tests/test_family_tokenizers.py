@@ -72,30 +72,41 @@ def test_unigram_agrees_with_transformers(unigram_dirs, side):
 
 
 @pytest.mark.parametrize("side", ["hf", "ours"])
-def test_albert_agrees_with_transformers(albert_dirs, side):
-    ours = bertforge.AutoTokenizer.from_pretrained(albert_dirs / side)
-    assert type(ours).__name__ == "AlbertTokenizer" and ours.cls_token_id == 2 and ours.unk_token_id == 1
-    theirs = transformers.AutoTokenizer.from_pretrained(albert_dirs / side)
+@pytest.mark.parametrize("family, cls, cls_id, unk_id, asked", [
+    # ALBERT sends segments only when asked, as transformers' AlbertTokenizer; DeBERTa's sends them by default.
+    ("albert", "AlbertTokenizer", 2, 1, {"return_token_type_ids": True}),
+    ("deberta", "DebertaV2Tokenizer", 1, 3, {}),
+])
+def test_bracketed_unigram_tokenizers_agree_with_transformers(request, side, family, cls, cls_id, unk_id, asked):
+    path = request.getfixturevalue(f"{family}_dirs") / side
+    ours = bertforge.AutoTokenizer.from_pretrained(path)
+    assert type(ours).__name__ == cls and ours.cls_token_id == cls_id and ours.unk_token_id == unk_id
+    theirs = transformers.AutoTokenizer.from_pretrained(path)
     assert agree(ours, theirs) == len(ADVERSARIAL) * len(PAIRS) + 1
-    # BERT's segments, when asked for: the second text and its [SEP] are typed 1.
-    a = ours("a good film", "東京 🙂", return_token_type_ids=True)
-    assert a["token_type_ids"] == theirs("a good film", "東京 🙂", return_token_type_ids=True)["token_type_ids"]
+    # BERT's segments: the second text and its [SEP] are typed 1.
+    a = ours("a good film", "東京 🙂", **asked)
+    assert a["token_type_ids"] == theirs("a good film", "東京 🙂", **asked)["token_type_ids"]
     assert a["token_type_ids"][-1] == 1 and a["token_type_ids"][0] == 0
 
 
-@pytest.mark.parametrize("settings", [{"do_lower_case": False}, {"keep_accents": True},
-                                      {"do_lower_case": False, "keep_accents": True}])
-def test_albert_settings_are_honoured(albert_dirs, tmp_path, settings):
-    config = json.loads((albert_dirs / "hf" / "tokenizer_config.json").read_text())
+@pytest.mark.parametrize("family, cls, settings", [
+    ("albert", "AlbertTokenizer", {"do_lower_case": False}), ("albert", "AlbertTokenizer", {"keep_accents": True}),
+    ("albert", "AlbertTokenizer", {"do_lower_case": False, "keep_accents": True}),
+    ("deberta", "DebertaV2Tokenizer", {"do_lower_case": True}), ("deberta", "DebertaV2Tokenizer", {"split_by_punct": True}),
+    ("deberta", "DebertaV2Tokenizer", {"add_prefix_space": False}),
+])
+def test_unigram_pipeline_settings_are_honoured(request, tmp_path, family, cls, settings):
+    source = request.getfixturevalue(f"{family}_dirs") / "hf"
+    config = json.loads((source / "tokenizer_config.json").read_text())
     for name in ("tokenizer.json", "special_tokens_map.json"):
-        if (albert_dirs / "hf" / name).is_file():
-            (tmp_path / name).write_bytes((albert_dirs / "hf" / name).read_bytes())
+        if (source / name).is_file():
+            (tmp_path / name).write_bytes((source / name).read_bytes())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | settings))
     ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
     assert agree(ours, transformers.AutoTokenizer.from_pretrained(tmp_path)) == len(ADVERSARIAL) * len(PAIRS) + 1
     ours.save(tmp_path / "again")
     saved = json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())
-    assert {k: saved[k] for k in settings} == settings and saved["tokenizer_class"] == "AlbertTokenizer"
+    assert {k: saved[k] for k in settings} == settings and saved["tokenizer_class"] == cls
 
 
 def test_bpe_reads_vocab_json_and_merges_alone(bpe_dirs, tmp_path):
@@ -148,11 +159,13 @@ def test_pre_split_words_need_the_prefix_space_as_in_transformers(bpe_dirs):
 
 SPECIALS = {"RobertaTokenizer": ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
             "XLMRobertaTokenizer": ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
-            "AlbertTokenizer": ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]")}
+            "AlbertTokenizer": ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"),
+            "DebertaV2Tokenizer": ("[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]")}
 
 
 @pytest.mark.parametrize("args, cls", [(["--kind", "bpe"], "RobertaTokenizer"), (["--kind", "unigram"], "XLMRobertaTokenizer"),
-                                       (["--arch", "albert"], "AlbertTokenizer")])
+                                       (["--arch", "albert"], "AlbertTokenizer"),
+                                       (["--arch", "deberta-v2"], "DebertaV2Tokenizer")])
 def test_cli_trains_each_kind_reproducibly_and_transformers_reads_it(tmp_path, args, cls):
     """Two separate processes give the same tokenizer.json, byte for byte; transformers reads it as its own class
     and tokenizes as bertforge does."""
@@ -198,6 +211,10 @@ def test_cli_refuses_settings_the_kind_does_not_have(tmp_path):
     ("sentencepiece.bpe.model", "XLMRobertaTokenizer", {}),
     ("spiece.model", "AlbertTokenizer", dict(pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
                                              control_symbols=["[CLS]", "[SEP]", "[MASK]"])),
+    # DeBERTa-v3's layout: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3 as SentencePiece's own pieces, [MASK] user-defined.
+    ("spm.model", "DebertaV2Tokenizer", dict(pad_id=0, pad_piece="[PAD]", bos_id=1, bos_piece="[CLS]", eos_id=2,
+                                             eos_piece="[SEP]", unk_id=3, unk_piece="[UNK]",
+                                             user_defined_symbols=["[MASK]"])),
 ])
 def test_a_sentencepiece_model_file_alone_reads_as_transformers_reads_it(tmp_path, name, hf_class, options):
     """A directory with only SentencePiece's .model (as XLM-R and ALBERT were published) gives transformers' ids."""
@@ -208,7 +225,7 @@ def test_a_sentencepiece_model_file_alone_reads_as_transformers_reads_it(tmp_pat
     (tmp_path / "m.vocab").unlink()
     ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
     theirs = getattr(transformers, hf_class).from_pretrained(tmp_path)
-    assert type(ours).__name__ == ("AlbertTokenizer" if hf_class == "AlbertTokenizer" else "UnigramTokenizer")
+    assert type(ours).__name__ == (hf_class if hf_class != "XLMRobertaTokenizer" else "UnigramTokenizer")
     assert agree(ours, theirs) == len(ADVERSARIAL) * len(PAIRS) + 1
     ours.save(tmp_path / "saved")  # and what bertforge writes from it, transformers reads the same way
     assert agree(ours, transformers.AutoTokenizer.from_pretrained(tmp_path / "saved")) > 0

@@ -247,15 +247,16 @@ def test_two_runs_that_train_their_vocabulary_are_bitwise_equal(tmp_path, corpus
 # Each architecture pretrains from scratch with masked-LM on a new vocabulary of its own kind (WordPiece, byte-level
 # BPE, or SentencePiece Unigram with XLM-R's or ALBERT's specials), and writes what transformers' class loads.
 ARCHS = {"roberta": "RobertaForMaskedLM", "xlm-roberta": "XLMRobertaForMaskedLM", "distilbert": "DistilBertForMaskedLM",
-         "albert": "AlbertForMaskedLM", "electra": "ElectraForMaskedLM"}
+         "albert": "AlbertForMaskedLM", "electra": "ElectraForMaskedLM", "deberta-v2": "DebertaV2ForMaskedLM"}
 TOKENIZER_CLASS = {"roberta": "RobertaTokenizer", "xlm-roberta": "XLMRobertaTokenizer",
-                   "distilbert": "DistilBertTokenizer", "albert": "AlbertTokenizer", "electra": "ElectraTokenizer"}
+                   "distilbert": "DistilBertTokenizer", "albert": "AlbertTokenizer", "electra": "ElectraTokenizer",
+                   "deberta-v2": "DebertaV2Tokenizer"}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_pretrain_each_architecture(tmp_path, corpus, arch):
     transformers = pytest.importorskip("transformers")
-    if arch in ("albert", "xlm-roberta"):
+    if arch in ("albert", "xlm-roberta", "deberta-v2"):
         pytest.importorskip("sentencepiece")
     out = tmp_path / "run"
     result = cli(str(corpus), "--arch", arch, "--model", "L2-H64", "--seq-len", "32", "--batch-size", "8",
@@ -283,6 +284,8 @@ def test_pretrain_each_architecture(tmp_path, corpus, arch):
         assert config["max_position_embeddings"] == 514 and config["type_vocab_size"] == 1
     if arch == "distilbert":
         assert "token_type_ids" not in tok("a b")
+    if arch == "deberta-v2":  # shaped as v3: relative positions in buckets, no absolute positions, no segments
+        assert config["relative_attention"] and config["position_buckets"] == 256 and config["type_vocab_size"] == 0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ..errors import TokenizerError
-from .sentence import AlbertTokenizer, ByteLevelBPETokenizer, UnigramTokenizer
+from .sentence import AlbertTokenizer, ByteLevelBPETokenizer, DebertaV2Tokenizer, UnigramTokenizer
 from .tokenizer import Tokenizer
 
 KINDS: dict[str, type[Tokenizer]] = {"wordpiece": Tokenizer, "bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer}
@@ -20,26 +20,36 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if Path(path).is_file():
         return Tokenizer.from_pretrained(path)
     kind = kind_of_files(path)
-    if kind == "unigram" and _is_albert(Path(path)):
-        return AlbertTokenizer.from_pretrained(path)
+    if kind == "unigram":
+        return _unigram_pipeline(Path(path)).from_pretrained(path)
     return KINDS[kind].from_pretrained(path)
 
 
-def _is_albert(path: Path) -> bool:
-    """A SentencePiece Unigram directory is ALBERT's (not XLM-R's) when tokenizer_config.json's tokenizer_class says
-    so or, naming none, when config.json's model_type is albert, or else when its SentencePiece file has ALBERT's
-    name (spiece.model): the two pipelines differ only in their settings."""
-    for name, key, albert in (("tokenizer_config.json", "tokenizer_class", AlbertTokenizer.classes),
-                              ("config.json", "model_type", {"albert"})):
+# The SentencePiece Unigram pipelines, by the tokenizer_class or model_type that names each, and its model file.
+_UNIGRAM_PIPELINES = ((AlbertTokenizer, {"albert"}), (DebertaV2Tokenizer, {"deberta-v2"}),
+                      (UnigramTokenizer, {"xlm-roberta"}))
+
+
+def _unigram_pipeline(path: Path) -> type[UnigramTokenizer]:
+    """Which Unigram pipeline a directory holds (XLM-R's, ALBERT's or DeBERTa's): tokenizer_config.json's
+    tokenizer_class or, naming none, config.json's model_type, or else the name of its SentencePiece file
+    (sentencepiece.bpe.model, spiece.model, spm.model): the pipelines differ only in their settings."""
+    for name, key in (("tokenizer_config.json", "tokenizer_class"), ("config.json", "model_type")):
         file = path / name
         if file.is_file():
             try:
                 value = json.loads(file.read_text(encoding="utf-8")).get(key)
             except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
                 continue  # the tokenizer's own reader names a malformed file
+            for cls, model_types in _UNIGRAM_PIPELINES:
+                if value in (cls.classes if key == "tokenizer_class" else model_types):
+                    return cls
             if value is not None:
-                return value in albert
-    return (path / "spiece.model").is_file() and not (path / "sentencepiece.bpe.model").is_file()
+                return UnigramTokenizer  # whose reader refuses a tokenizer_class it is not, by name
+    for cls in (UnigramTokenizer, AlbertTokenizer, DebertaV2Tokenizer):  # XLM-R's file first, as before
+        if (path / cls.spm_file).is_file():
+            return cls
+    return UnigramTokenizer
 
 
 def kind_of_files(path: str | Path) -> str:
@@ -61,13 +71,10 @@ def kind_of_files(path: str | Path) -> str:
         return "wordpiece"
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
         return "bpe"
-    if (path / "spiece.model").is_file() or (path / "sentencepiece.bpe.model").is_file():
+    if any((path / name).is_file() for name in ("spiece.model", "sentencepiece.bpe.model", "spm.model")):
         return "unigram"
-    if (path / "spm.model").is_file():
-        raise TokenizerError(f"{path}: holds spm.model (DeBERTa's SentencePiece vocabulary), which bertforge does not "
-                             "read yet")
     raise TokenizerError(f"{path}: no tokenizer.json, vocab.txt, vocab.json with merges.txt, or SentencePiece model "
-                         "(spiece.model, sentencepiece.bpe.model)")
+                         "(spiece.model, sentencepiece.bpe.model, spm.model)")
 
 
 def train_tokenizer(kind: str, tokenizer_class: str, *, files: Iterable[str | Path] | None = None,
@@ -86,5 +93,5 @@ def train_tokenizer(kind: str, tokenizer_class: str, *, files: Iterable[str | Pa
     if kind == "bpe":
         return ByteLevelBPETokenizer.train(files, vocab_size=vocab_size, min_frequency=min_frequency, texts=stream,
                                            show_progress=show_progress)
-    cls = AlbertTokenizer if tokenizer_class in AlbertTokenizer.classes else UnigramTokenizer
+    cls = next((c for c, _ in _UNIGRAM_PIPELINES if tokenizer_class in c.classes), UnigramTokenizer)
     return cls.train(files, vocab_size=vocab_size, texts=stream, show_progress=show_progress)

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
 from ..jsonfile import read_json_object
-from .settings import ALBERT_SPECIALS, SENTENCE_SPECIALS, read_sentence_settings
+from .settings import ALBERT_SPECIALS, DEBERTA_SPECIALS, SENTENCE_SPECIALS, read_sentence_settings
 from .spm import SentencePieceModel, read_model, train_unigram
 from .tokenizer import SPECIAL_ROLES, Tokenizer, _read_lines
 
@@ -286,7 +286,7 @@ class UnigramTokenizer(SentenceTokenizer):
             model = read_model(path / cls.spm_file)
             settings = read_sentence_settings(path, cls.classes, cls.default_prefix_space, cls.default_specials,
                                               cls.flags)
-            backend = cls._unigram(cls._vocab_of(model), cls.unk_id)
+            backend = cls._unigram(cls._vocab_of(model), cls._unk_of(model))
             charsmap = {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(model.charsmap).decode()}
             return cls._assemble(backend, settings, [], charsmap if model.charsmap else None, path)
         return super().from_pretrained(path)
@@ -299,6 +299,11 @@ class UnigramTokenizer(SentenceTokenizer):
                 + [("<mask>", 0.0)])
 
     @classmethod
+    def _unk_of(cls, model: SentencePieceModel) -> int:
+        """The unknown piece's id in the vocabulary `_vocab_of` makes: transformers fixes it per class."""
+        return cls.unk_id
+
+    @classmethod
     def _backend_from_files(cls, path: Path) -> Backend:
         raise TokenizerError(f"{path}: no tokenizer.json or {cls.spm_file}")
 
@@ -308,7 +313,8 @@ class UnigramTokenizer(SentenceTokenizer):
         """Train a SentencePiece Unigram vocabulary with SentencePiece's own trainer (`spm.py`): this pipeline's
         special tokens first (XLM-R: <s>=0 <pad> </s> <unk> <mask>), then the learned pieces, with SentencePiece's
         NFKC normaliser. The same text gives the same vocabulary, byte for byte."""
-        vocab, charsmap = train_unigram(cls._stream(files, texts), vocab_size, cls.trained_specials)
+        vocab, charsmap = train_unigram(cls._stream(files, texts), vocab_size, cls.trained_specials,
+                                        cls.default_specials["unk_token"])
         spec = {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode()}
         return cls._new(cls._unigram(vocab, cls.unk_id), spec)
 
@@ -397,3 +403,58 @@ def _precompiled_charsmap(spec: dict | None) -> bytes | None:
         if found is not None:
             return found
     return None
+
+
+class DebertaV2Tokenizer(UnigramTokenizer):
+    """DeBERTa-v2/v3's tokenizer: a SentencePiece Unigram model (`spm.model`, every piece as is) behind
+    transformers' own clean-up (runs of whitespace, tabs and newlines to one space, NFC, trailing space
+    stripped; lower-cased only with `do_lower_case`; punctuation split off with `split_by_punct`), with
+    BERT's `[CLS] A [SEP] B [SEP]` pairs, the second segment typed 1, and token_type_ids sent, as
+    transformers' DebertaV2Tokenizer does. SentencePiece's own normaliser is not used, as there."""
+
+    kind, transformers_class = "SentencePiece Unigram (DeBERTa)", "DebertaV2Tokenizer"
+    classes = {"DebertaV2Tokenizer", "DebertaV2TokenizerFast"}
+    model_input_names = ("input_ids", "token_type_ids", "attention_mask")  # type: ignore[assignment]
+    default_specials = DEBERTA_SPECIALS
+    flags = {"do_lower_case": False, "split_by_punct": False}
+    spm_file = "spm.model"
+    trained_specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]  # DeBERTa-v3's first ids, then [MASK]
+    unk_id = 3
+
+    @classmethod
+    def _backend_from_spec(cls, model: dict[str, Any], source: Path) -> Backend:
+        """tokenizer.json's vocabulary with its own unknown id (transformers finds [UNK]'s where it is)."""
+        vocab = model.get("vocab")
+        if not isinstance(vocab, list) or not all(isinstance(v, list) and len(v) == 2 for v in vocab):
+            raise TokenizerError(f"{source}: a Unigram model needs 'vocab' as [piece, score] pairs")
+        unk = model.get("unk_id", cls.unk_id)
+        if not isinstance(unk, int) or not 0 <= unk < len(vocab):
+            raise TokenizerError(f"{source}: model 'unk_id' {unk!r} is outside the vocabulary")
+        return cls._unigram([(str(p), float(s)) for p, s in vocab], unk)
+
+    @classmethod
+    def _vocab_of(cls, model: SentencePieceModel) -> list[tuple[str, float]]:
+        """DeBERTa's spm.model holds its specials itself ([PAD]=0 [CLS] [SEP] [UNK], then [MASK] in ours): every piece."""
+        return [(p, s) for p, s, _ in model.pieces]
+
+    @classmethod
+    def _unk_of(cls, model: SentencePieceModel) -> int:
+        return model.unk_id  # transformers finds [UNK] where SentencePiece put it
+
+    @classmethod
+    def _pipeline(cls, backend: Backend, settings: dict[str, Any], normalizer_spec: dict | None) -> None:
+        from tokenizers import Regex, normalizers
+
+        steps = [normalizers.Lowercase()] if settings["do_lower_case"] else []
+        steps += [normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),
+                  normalizers.Strip(left=False, right=True)]
+        backend.normalizer = normalizers.Sequence(steps)
+        scheme = "always" if settings["add_prefix_space"] else "first"
+        split = [pre_tokenizers.Punctuation(behavior="isolated")] if settings["split_by_punct"] else []
+        backend.pre_tokenizer = pre_tokenizers.Sequence(split + [pre_tokenizers.Metaspace(replacement="▁",
+                                                                                          prepend_scheme=scheme)])
+        backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+        bos, eos = settings["specials"]["cls_token"], settings["specials"]["sep_token"]
+        backend.post_processor = processors.TemplateProcessing(
+            single=[bos, "$A", eos], pair=[bos, "$A", eos, "$B:1", f"{eos}:1"],
+            special_tokens=[(bos, backend.token_to_id(bos)), (eos, backend.token_to_id(eos))])

@@ -22,6 +22,10 @@ SENTENCE_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<
                      "mask_token": "<mask>", "bos_token": "<s>", "eos_token": "</s>"}
 
 
+# DeBERTa-v2/v3's, as transformers' DebertaV2Tokenizer defaults them: BERT's names.
+DEBERTA_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                    "mask_token": "[MASK]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
+
 # ALBERT's, as transformers' AlbertTokenizer defaults them: BERT's bracketed names around SentencePiece's own.
 ALBERT_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]",
                    "mask_token": "[MASK]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
@@ -54,11 +58,15 @@ def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: 
     refuse_unless("padding_side", lambda v: v == "right", "bertforge pads on the right")
     refuse_unless("truncation_side", lambda v: v == "right", "bertforge truncates on the right")
     refuse_unless("split_special_tokens", lambda v: v is False, "special tokens typed in the text are kept whole")
+    own = set(specials.values())
     for key in ("additional_special_tokens", "extra_special_tokens"):
-        refuse_unless(key, lambda v: not v, "extra special tokens are not supported for this tokenizer yet")
+        # transformers 5 lists the tokenizer's own special tokens here on saving (DeBERTa's): those add nothing.
+        refuse_unless(key, lambda v: not v or (isinstance(v, list) and set(v) <= own),
+                      "extra special tokens are not supported for this tokenizer yet")
     known = {"model_max_length", "max_len", "tokenizer_class", "errors", "padding_side", "truncation_side",
              "split_special_tokens", "add_prefix_space", "trim_offsets", "clean_up_tokenization_spaces",
-             *SENTENCE_SPECIALS, *flags, *_NO_EFFECT_KEYS}
+             *SENTENCE_SPECIALS, *flags, *_NO_EFFECT_KEYS,
+             "unk_id"}  # DeBERTa's: the unknown piece's id, which tokenizer.json's model carries and is read from
     unknown = sorted(k for k in config if k not in known)
     if unknown:
         log.warning("%s: keys %s are not settings of this tokenizer; transformers ignores them and so does bertforge",

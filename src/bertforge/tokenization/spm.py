@@ -59,15 +59,17 @@ def read_model(file: Path) -> SentencePieceModel:
     return SentencePieceModel(pieces, proto.normalizer_spec.precompiled_charsmap, proto.trainer_spec.unk_id)
 
 
-def train_unigram(texts: Iterable[str], vocab_size: int, specials: list[str]) -> tuple[list[tuple[str, float]], bytes]:
-    """A Unigram vocabulary of about `vocab_size` pieces: `specials` first (score 0), then SentencePiece's
+def train_unigram(texts: Iterable[str], vocab_size: int, specials: list[str],
+                  unk: str = "<unk>") -> tuple[list[tuple[str, float]], bytes]:
+    """A Unigram vocabulary of about `vocab_size` pieces: `specials` first (score 0; `unk`, the unknown
+    piece, among them), then SentencePiece's
     pieces, best first. Returns (vocab, precompiled charsmap of SentencePiece's NFKC rules).
 
     One thread and no sampling, so the same text gives the same vocabulary, byte for byte. The size is
     a soft limit (SentencePiece's `hard_vocab_limit: false`): a small corpus gets fewer pieces.
     """
-    if "<unk>" not in specials:
-        raise TokenizerError("a Unigram vocabulary needs an <unk> piece among its special tokens")
+    if unk not in specials:
+        raise TokenizerError(f"a Unigram vocabulary needs an {unk} piece among its special tokens")
     _proto()
     import sentencepiece
 
@@ -78,7 +80,7 @@ def train_unigram(texts: Iterable[str], vocab_size: int, specials: list[str]) ->
             sentence_iterator=rows, model_writer=model, model_type="unigram",
             vocab_size=max(vocab_size - len(specials) + 1, 8), hard_vocab_limit=False,
             # Only <unk> is SentencePiece's own; the family's specials are put in front below.
-            unk_id=0, unk_piece="<unk>", bos_id=-1, eos_id=-1, pad_id=-1,
+            unk_id=0, unk_piece=unk, bos_id=-1, eos_id=-1, pad_id=-1,
             num_threads=1, input_sentence_size=0, max_sentence_length=1 << 20, minloglevel=2)
     except RuntimeError as exc:
         raise TokenizerError(f"SentencePiece could not train a vocabulary: {exc}") from None
