@@ -23,7 +23,7 @@ import torch
 import transformers
 import bertforge
 from bertforge.models.registry import family
-from bertforge.tokenization.sentence import AlbertTokenizer, ByteLevelBPETokenizer, UnigramTokenizer
+from bertforge.tokenization.sentence import AlbertTokenizer, ByteLevelBPETokenizer, DebertaV2Tokenizer, UnigramTokenizer
 
 from .common import DATA, ROOT, need
 HEADS = ("AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
@@ -36,6 +36,7 @@ FAMILIES = {  # model_type: (transformers class prefix, tokenizer)
     "distilbert": ("DistilBert", "wordpiece"),
     "albert": ("Albert", "albert"),
     "electra": ("Electra", "wordpiece"),
+    "deberta-v2": ("DebertaV2", "deberta"),
 }
 SHAPES = {
     "L2-H32, tied, gelu": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -50,10 +51,18 @@ FACTORISED = {
     "albert": ({"embedding_size": 16, "num_hidden_layers": 5, "num_hidden_groups": 2, "inner_group_num": 2},
                {"embedding_size": 24, "num_hidden_layers": 3}),
     "electra": ({"embedding_size": 16}, {"embedding_size": 24}),
+    # DeBERTa-v3's settings with 4 buckets (the 64-token rows reach the log-spaced ones), then v2's: 64 buckets,
+    # separate position projections for c2p alone, absolute positions, embeddings 16 -> 24 and the convolution.
+    "deberta-v2": ({"relative_attention": True, "position_buckets": 4, "max_relative_positions": 64,
+                    "pos_att_type": "p2c|c2p", "share_att_key": True, "norm_rel_ebd": "layer_norm",
+                    "position_biased_input": False, "type_vocab_size": 0},
+                   {"relative_attention": True, "position_buckets": 64, "pos_att_type": ["c2p"],
+                    "embedding_size": 16, "conv_kernel_size": 3}),
 }
 FACTORISED_LABELS = {
     "albert": ("; E=16, 5 layers over 2 groups of 2 shared blocks", "; E=24, 3 layers over 1 shared block"),
     "electra": ("; E=16 projected to H", "; E=H, no projection"),
+    "deberta-v2": ("; v3: 4 buckets, shared keys, c2p+p2c, no absolute positions", "; v2: 64 buckets, c2p, E=16, conv"),
 }
 
 
@@ -64,6 +73,8 @@ def sizes_for(model_type: str, sizes: dict, index: int) -> dict:
         sizes = {**sizes, **FACTORISED[model_type][index]}
         if model_type == "albert":  # ALBERT's name for classifier_dropout
             sizes["classifier_dropout_prob"] = sizes.pop("classifier_dropout", 0.1)
+        if model_type == "deberta-v2" and "classifier_dropout" in sizes:  # DeBERTa's
+            sizes["cls_dropout"] = sizes.pop("classifier_dropout")
         return sizes
     if model_type != "distilbert":
         return sizes
@@ -99,7 +110,8 @@ def tokenizer_dir(kind: str, wiki: list[str], root: Path, model_type: str) -> Pa
         config["tokenizer_class"] = family(model_type).tokenizer_class
         (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
         return path
-    cls = {"bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer, "albert": AlbertTokenizer}[kind]
+    cls = {"bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer, "albert": AlbertTokenizer,
+           "deberta": DebertaV2Tokenizer}[kind]
     cls.train(texts=wiki, vocab_size=2000).save(root / f"ours-{kind}")
     transformers.AutoTokenizer.from_pretrained(root / f"ours-{kind}").save_pretrained(path)
     return path
@@ -166,7 +178,7 @@ def main() -> None:
                     forward = backward = 0.0
                     with torch.no_grad():
                         for batch in batches:
-                            if getattr(config, "type_vocab_size", 1) == 1:  # DistilBERT: none at all
+                            if getattr(config, "type_vocab_size", 1) <= 1:  # DistilBERT, DeBERTa-v3: none at all
                                 batch = {k: v for k, v in batch.items() if k != "token_type_ids"}
                             mine = ours(**batch)
                             forward = max(forward, max_diff(mine, hf(**batch), batch["attention_mask"]))

