@@ -212,20 +212,41 @@ class DisentangledAttention(nn.Module):
         """float [..., L, H] -> [..., nh, L, hd]."""
         return t.view(*t.shape[:-1], self.num_heads, self.head_dim).transpose(-3, -2)
 
-    def position_scores(self, q: torch.Tensor, k: torch.Tensor, positions: RelativePositions) -> torch.Tensor:
-        """q, k: float [B, nh, T, hd] -> the c2p + p2c scores, float [B, nh, T, T]."""
-        B, nh, T, _ = q.shape
-        table = self.position_dropout(positions.table)  # (2k, H)
-        scores = torch.zeros((), dtype=q.dtype, device=q.device)
-        if self.c2p:
-            pos_key = self.heads((self.key if self.pos_key is None else self.pos_key)(table))  # (nh, 2k, hd)
-            by_distance = q @ pos_key.transpose(-1, -2)  # (B, nh, T, 2k): each query against every distance
-            scores = scores + torch.gather(by_distance, -1, positions.c2p.expand(B, nh, T, T)) / self.scale
-        if self.p2c:
-            pos_query = self.heads((self.query if self.pos_query is None else self.pos_query)(table))
-            by_distance = k @ pos_query.transpose(-1, -2)  # (B, nh, T, 2k): each key against every distance
-            scores = scores + torch.gather(by_distance, -1, positions.p2c.expand(B, nh, T, T)).transpose(-1, -2) / self.scale
-        return scores
+    def table_projections(self, table: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The distance table float [2k, H] -> its query projection (for p2c) and key projection (for c2p),
+        each float [2k, H], or None for a term the config leaves out."""
+        table = self.position_dropout(table)
+        pos_query = (self.query if self.pos_query is None else self.pos_query)(table) if self.p2c else None
+        pos_key = (self.key if self.pos_key is None else self.pos_key)(table) if self.c2p else None
+        return pos_query, pos_key
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               positions: RelativePositions | None, projections: tuple, scale: float,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention itself, on rows of whole sequences.
+
+        q, k, v: float [B, T, H]; mask: bool [B, 1, 1|T, T] or None; projections: `table_projections`'
+        pair; scale: what the scores are divided by (the fused path passes 1.0, having folded it into
+        the query weights). Returns the context float [B, T, H] and the probabilities [B, nh, T, T].
+        """
+        B, T, H = q.shape
+        q, k, v = self.heads(q), self.heads(k), self.heads(v)
+        scores = q @ (k.transpose(-1, -2) / scale)  # (B, nh, T, T), divided as transformers does
+        if positions is not None:
+            pos_query, pos_key = projections
+            nh = self.num_heads
+            if self.c2p:  # each query against every distance, then the distance of each key picked
+                by_distance = q @ self.heads(pos_key).transpose(-1, -2)  # (B, nh, T, 2k)
+                scores = scores + torch.gather(by_distance, -1, positions.c2p.expand(B, nh, T, T)) / scale
+            if self.p2c:  # each key against every distance, read from the key's side
+                by_distance = k @ self.heads(pos_query).transpose(-1, -2)
+                scores = scores + torch.gather(by_distance, -1, positions.p2c.expand(B, nh, T, T)).transpose(-1, -2) / scale
+        if mask is not None:
+            # The float minimum, not -inf, as transformers: a padding row of the masked path stays finite.
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = scores.softmax(dim=-1)
+        context = dropout(probs, self.dropout_p, self.training) @ v  # (B, nh, T, hd)
+        return context.transpose(1, 2).reshape(B, T, H), probs
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
                 packed: Packing | None = None,
@@ -236,17 +257,8 @@ class DisentangledAttention(nn.Module):
         if packed is not None:
             q, k, v = to_sequences(q, packed), to_sequences(k, packed), to_sequences(v, packed)
             mask = packed.key_mask
-        B, T, H = q.shape
-        q, k, v = self.heads(q), self.heads(k), self.heads(v)
-        scores = q @ (k.transpose(-1, -2) / self.scale)  # (B, nh, T, T)
-        if positions is not None:
-            scores = scores + self.position_scores(q, k, positions)
-        if mask is not None:
-            # The float minimum, not -inf, as transformers: a padding row of the masked path stays finite.
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        probs = scores.softmax(dim=-1)
-        context = dropout(probs, self.dropout_p, self.training) @ v  # (B, nh, T, hd)
-        context = context.transpose(1, 2).reshape(B, T, H)
+        projections = self.table_projections(positions.table) if positions is not None else (None, None)
+        context, probs = self.attend(q, k, v, mask, positions, projections, self.scale)
         if packed is not None:
             context = from_sequences(context, packed)
         return self.out(context), probs if output_attentions else None
