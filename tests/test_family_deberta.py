@@ -121,3 +121,21 @@ def test_preset_is_shaped_as_v3_and_transformers_builds_it(tmp_path):
     model.save_pretrained(tmp_path)
     theirs, info = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
     assert type(theirs).__name__ == "DebertaV2ForMaskedLM" and not info["missing_keys"] and not info["unexpected_keys"]
+
+
+def test_the_bare_backbone_exports_to_onnx(tmp_path):
+    """A backbone that never has a pooler (DeBERTa's, ELECTRA's) exports with its one output, and ONNX Runtime
+    gives eager PyTorch's numbers on shapes other than the export's."""
+    pytest.importorskip("onnxruntime")
+    from bertforge.inference.backends import load
+
+    torch.manual_seed(0)
+    shape = DEBERTA_SHAPES["base"] | {"pos_att_type": ["p2c", "c2p"], "max_position_embeddings": 64}
+    model = perturbed(bertforge.DebertaV2Model(DebertaV2Config(**shape)))
+    onnx = load(model, "onnx")
+    inputs = batch(model.config, seed=3)
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+    got = onnx(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=0)

@@ -235,8 +235,8 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
 
     model: str | None = setting(None, "a preset (tiny ... large, L<n>-H<n>) or a checkpoint dir "
                                       "(default: tiny for the embedded corpus, else base)")
-    arch: str | None = setting(None, "the architecture of a new model: bert, roberta, xlm-roberta, distilbert, albert "
-                                     "or electra (default bert; a --model checkpoint brings its own)")
+    arch: str | None = setting(None, "the architecture of a new model: bert, roberta, xlm-roberta, distilbert, albert, "
+                                     "electra or deberta-v2 (default bert; a --model checkpoint brings its own)")
     objective: str | None = setting(None, "mlm+nsp (BERT's, its default) or mlm (RoBERTa's FULL-SENTENCES, the "
                                           "default of every other architecture)")
     seq_len: int = setting(128, "tokens per example, [CLS] and [SEP] included")

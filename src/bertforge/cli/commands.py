@@ -74,8 +74,10 @@ def tokenizer_train(files: list[str], *, out: str, kind: Literal["wordpiece", "b
     Args:
         files: UTF-8 text files (.gz allowed)
         out: output directory
-        kind: wordpiece (BERT, DistilBERT, ELECTRA), bpe (RoBERTa) or unigram (XLM-RoBERTa); default: --arch's
-        arch: the architecture the vocabulary is for (bert, distilbert, electra, roberta, xlm-roberta, albert): its
+        kind: wordpiece (BERT, DistilBERT, ELECTRA), bpe (RoBERTa) or unigram (XLM-RoBERTa, ALBERT, DeBERTa);
+            default: --arch's
+        arch: the architecture the vocabulary is for (bert, distilbert, electra, roberta, xlm-roberta, albert,
+            deberta-v2): its
             kind and the transformers tokenizer class it is saved as (default bert)
         vocab_size: vocabulary size (30522 is bert-base's, 50265 roberta-base's, 30000 albert's)
         min_frequency: ignore pieces seen fewer times (WordPiece and BPE; default 2)

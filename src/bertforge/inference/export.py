@@ -64,8 +64,8 @@ SENTENCE_OUTPUTS = ["token_embeddings", "sentence_embedding"]
 
 def _names(model) -> list[str]:
     names = list(HEADS[model.hf_architecture].outputs)
-    if getattr(model, "pooler", "absent") is None:  # a backbone built without its pooler
-        names.remove("pooler_output")
+    if getattr(model, "pooler", "absent") is None and "pooler_output" in names:  # BERT built without its pooler
+        names.remove("pooler_output")  # (ELECTRA's and DeBERTa's backbones never list one)
     return names
 
 

@@ -180,14 +180,15 @@ def log_buckets(distance: torch.Tensor, buckets: int, max_position: int) -> torc
 class RelativePositions:
     """What every layer's position terms share, built once per forward.
 
-    table: float [2k, H], the distance embeddings (normalised when the config says so);
-    c2p: long [T, T], the table row of distance i - j for query i and key j; p2c: long [T, T], the row
-    of distance j - i, for position-to-content, which reads the table from the key's side.
+    table: float [2k', H], the rows of the distance embeddings a row of T tokens can reach (normalised
+    when the config says so); index: long [T, T], the table row of the distance from query i to key j.
+    Both terms read it: c2p scores query i against row index[i, j], p2c scores key j against the same
+    row (transformers indexes p2c by the distance from j to i, negated: the same row, as the buckets
+    are odd in the distance).
     """
 
     table: torch.Tensor
-    c2p: torch.Tensor
-    p2c: torch.Tensor
+    index: torch.Tensor
 
 
 class DisentangledAttention(nn.Module):
@@ -231,16 +232,19 @@ class DisentangledAttention(nn.Module):
         """
         B, T, H = q.shape
         q, k, v = self.heads(q), self.heads(k), self.heads(v)
-        scores = q @ (k.transpose(-1, -2) / scale)  # (B, nh, T, T), divided as transformers does
+        if scale != 1.0:  # divide the [B, nh, T, hd] query once, not three [B, nh, T, T] score terms
+            q = q / scale
+        scores = q @ k.transpose(-1, -2)  # (B, nh, T, T)
         if positions is not None:
             pos_query, pos_key = projections
-            nh = self.num_heads
-            if self.c2p:  # each query against every distance, then the distance of each key picked
+            index = positions.index.expand(B, self.num_heads, T, T)
+            if self.c2p:  # each query against every distance, then the distance to each key picked
                 by_distance = q @ self.heads(pos_key).transpose(-1, -2)  # (B, nh, T, 2k)
-                scores = scores + torch.gather(by_distance, -1, positions.c2p.expand(B, nh, T, T)) / scale
-            if self.p2c:  # each key against every distance, read from the key's side
-                by_distance = k @ self.heads(pos_query).transpose(-1, -2)
-                scores = scores + torch.gather(by_distance, -1, positions.p2c.expand(B, nh, T, T)).transpose(-1, -2) / scale
+                scores.add_(torch.gather(by_distance, -1, index))
+            if self.p2c:  # every distance against each key, then the distance from each query picked
+                pos_query = self.heads(pos_query)
+                by_distance = (pos_query / scale if scale != 1.0 else pos_query) @ k.transpose(-1, -2)  # (B, nh, 2k, T)
+                scores.add_(torch.gather(by_distance, -2, index))
         if mask is not None:
             # The float minimum, not -inf, as transformers: a padding row of the masked path stays finite.
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -364,18 +368,18 @@ class DebertaV2Model(BertModel):
         if c.position_buckets > 0:
             distance = log_buckets(distance, c.position_buckets, c.max_distance)
         k = c.relative_span
-        c2p, p2c = (distance + k).clamp(0, 2 * k - 1), (k - distance).clamp(0, 2 * k - 1)
+        index = (distance + k).clamp(0, 2 * k - 1)
         table = self.rel_embeddings.weight
         if not torch.compiler.is_compiling():
             # Rows of T tokens use only the distances -(T-1)..T-1: a contiguous slice of the 2k-row table
             # (49 of DeBERTa-v3's 512 rows for a 25-token sentence). Every layer projects the table twice
             # and scores each query against every row, so the slice saves that work 12 times over; the
             # numbers are the same, row by row. (An export keeps the whole table: no data-dependent shapes.)
-            lo, hi = int(c2p.min()), int(c2p.max())
-            table, c2p, p2c = table[lo:hi + 1], c2p - lo, p2c - lo
+            lo, hi = int(index.min()), int(index.max())
+            table, index = table[lo:hi + 1], index - lo
         if self.rel_norm is not None:
             table = self.rel_norm(table)
-        return RelativePositions(table, c2p, p2c)
+        return RelativePositions(table, index)
 
     def encode(self, x: torch.Tensor, mask: torch.Tensor | None, packed: Packing | None,
                output_attentions: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
