@@ -5,12 +5,11 @@ in 256 buckets, shared keys, c2p + p2c, no absolute positions, no segments; its 
 on the weights) with a DeBERTa tokenizer trained on WikiText-2. Inputs: every SST-2 dev sentence, in
 length-sorted batches of 32 (or, with --tokens N, 64 rows of N tokens cut from WikiText-2 in batches
 of 8). Runners, interleaved pass by pass so the machine's drift falls on all alike:
-- bertforge_fused: `--backend fused` (unpadded; oneDNN-packed projections, the disentangled terms in
-  PyTorch ops), bertforge's best CPU path and its default;
-- bertforge_torch: the same model in plain PyTorch ops;
+- bertforge: `AutoModel` on torch, unpadded (every bertforge backend but ONNX runs DeBERTa this way:
+  the fused one leaves its blocks as they are);
 - transformers: `DebertaV2Model`, eager (transformers has no SDPA path for DeBERTa-v2);
 - onnxruntime: bertforge's ONNX export of the same model (`--backend onnx`), where installed.
-Reports sentences (rows)/s per runner and the fused path's ratio to each, per pass as mean ± std.
+Reports sentences (rows)/s per runner and bertforge's ratio to each, per pass as mean ± std.
 
     python -m benchmarks.deberta_speed [--repeats 5] [--tokens N]   # writes benchmarks/results/deberta_speed*.json
 """
@@ -29,7 +28,6 @@ import transformers
 
 import bertforge
 from bertforge.inference.backends import load as load_backend
-from bertforge.inference.fused import fuse_for_inference
 
 from .common import machine, save
 from .family_parity import texts, tokenizer_dir
@@ -73,8 +71,7 @@ def main() -> None:
         for f in tok_dir.iterdir():
             (root / "m" / f.name).write_bytes(f.read_bytes())
         work = inputs(root / "m", sst, wiki, args.tokens)
-        runners = {"bertforge_fused": fuse_for_inference(bertforge.AutoModel.from_pretrained(root / "m")),
-                   "bertforge_torch": bertforge.AutoModel.from_pretrained(root / "m").eval(),
+        runners = {"bertforge": bertforge.AutoModel.from_pretrained(root / "m").eval(),
                    "transformers": transformers.AutoModel.from_pretrained(root / "m").eval()}
         try:
             runners["onnxruntime"] = load_backend(bertforge.AutoModel.from_pretrained(root / "m"), "onnx")
@@ -94,10 +91,10 @@ def main() -> None:
               f"{args.repeats}" + (f" --tokens {args.tokens}" if args.tokens else ""),
               "rows_per_s": {name: round(rows / statistics.median(t), 2) for name, t in times.items()}, "ratios": {}}
     for name in runners:
-        if name == "bertforge_fused":
+        if name == "bertforge":
             continue
-        per_pass = [theirs / mine for mine, theirs in zip(times["bertforge_fused"], times[name])]
-        result["ratios"][name] = {"of_medians": round(statistics.median(times[name]) / statistics.median(times["bertforge_fused"]), 3),
+        per_pass = [theirs / mine for mine, theirs in zip(times["bertforge"], times[name])]
+        result["ratios"][name] = {"of_medians": round(statistics.median(times[name]) / statistics.median(times["bertforge"]), 3),
                                   "per_pass_mean": round(statistics.mean(per_pass), 3),
                                   "per_pass_std": round(statistics.stdev(per_pass), 3) if len(per_pass) > 1 else None}
     print(json.dumps(result, indent=2))

@@ -95,7 +95,8 @@ def test_fused_layers_are_each_packed_once(dirs):
         ref = model(ids).last_hidden_state
         fuse_for_inference(model, native_attention=False)
         got = model(ids).last_hidden_state
-    assert all(isinstance(b.forward, _FusedLayer) for b in blocks)
+    # DeBERTa's attention is not BERT's: the fused path leaves its blocks as they are (eager, same numbers).
+    assert all(isinstance(b.forward, _FusedLayer) == (dirs["family"] != "deberta-v2") for b in blocks)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 

@@ -39,7 +39,6 @@ import torch
 
 from .. import kernels
 from ..models.bert import BertModel
-from ..models.deberta_v2 import DisentangledAttention
 from ..models.layers import BertLayer, SelfAttention
 from ..models.padding import Packing, from_sequences, to_sequences
 
@@ -80,15 +79,9 @@ class _FusedLayer:
         self.attend = attend  # the native varlen attention op, or None for PyTorch ops
         self.versions: list[tuple[int, int]] | None = None
 
-    @property
-    def disentangled(self) -> bool:
-        """DeBERTa's block: its attention adds relative-position terms, run in PyTorch ops on packed projections."""
-        return isinstance(self.layer.attention, DisentangledAttention)
-
     def params(self) -> list[torch.Tensor]:
         a, f = self.layer.attention, self.layer.ffn
-        extra = [lin for lin in (getattr(a, "pos_query", None), getattr(a, "pos_key", None)) if lin is not None]
-        return [p for lin in (a.query, a.key, a.value, a.out, f.up, f.down, *extra) for p in (lin.weight, lin.bias)]
+        return [p for lin in (a.query, a.key, a.value, a.out, f.up, f.down) for p in (lin.weight, lin.bias)]
 
     def stamp(self) -> list[tuple[int, int]]:
         """Where each parameter's data lives and its version counter: any in-place change, or new
@@ -97,16 +90,9 @@ class _FusedLayer:
 
     def pack(self) -> None:
         a, f = self.layer.attention, self.layer.ffn
-        # softmax(q k^T / sqrt(d)) with the division done once, here (DeBERTa: by its own scale, which its
-        # position terms share: the query side of p2c is scaled as the query is)
-        scale = 1 / a.scale if self.disentangled else 1 / math.sqrt(a.head_dim)
+        scale = 1 / math.sqrt(a.head_dim)  # softmax(q k^T / sqrt(d)) with the division done once, here
         self.qkv = _Packed(torch.cat([a.query.weight * scale, a.key.weight, a.value.weight]),
                            torch.cat([a.query.bias * scale, a.key.bias, a.value.bias]))
-        if self.disentangled:  # the distance table's projections: the layer's own, or its separate ones
-            query = a.query if a.pos_query is None else a.pos_query
-            key = a.key if a.pos_key is None else a.pos_key
-            self.table_query = _Packed(query.weight * scale, query.bias * scale)
-            self.table_key = _Packed(key.weight, key.bias)
         self.out = _Packed(a.out.weight, a.out.bias)
         post = _POST_OPS.get(type(f.act))
         self.up = _Packed(f.up.weight, f.up.bias, post(f.act) if post else ("none", ""))
@@ -115,20 +101,18 @@ class _FusedLayer:
         self.versions = self.stamp()
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
-                 packed: Packing | None = None, **attention_args) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As `BertLayer.forward`: x float [B, T, H] (or [N, H] unpadded) -> the same shape."""
         layer = self.layer
         if (output_attentions or layer.training or torch.is_grad_enabled() or x.device.type != "cpu"
                 or x.dtype != torch.float32):
-            return self.eager(x, mask, output_attentions, packed, **attention_args)
+            return self.eager(x, mask, output_attentions, packed)
         if self.versions != self.stamp():
             self.pack()
         H = x.shape[-1]
         qkv = self.qkv(x)  # (..., 3H), the query already scaled
         heads = layer.attention.num_heads
-        if self.disentangled:
-            context = self.disentangled_context(qkv, mask, packed, attention_args.get("positions"))
-        elif packed is None:  # the padded batch [B, T, H], with no mask or a [B, 1, 1|T, T] one
+        if packed is None:  # the padded batch [B, T, H], with no mask or a [B, 1, 1|T, T] one
             B, T = x.shape[:2]
             if mask is None and self.attend is not None:  # no padding: B sequences of T tokens
                 starts = torch.arange(0, B * T + 1, T, dtype=torch.int32)
@@ -149,20 +133,6 @@ class _FusedLayer:
         if self.act is not None:
             hidden = self.act(hidden)
         return layer.ffn_norm(self.down.plus(hidden, x)), None
-
-    def disentangled_context(self, qkv: torch.Tensor, mask: torch.Tensor | None, packed: Packing | None,
-                             positions) -> torch.Tensor:
-        """DeBERTa's attention on the packed projections: qkv float [..., 3H] -> context [..., H]."""
-        a = self.layer.attention
-        if packed is not None:  # one scatter into whole sequences for q, k and v together
-            qkv, mask = to_sequences(qkv, packed), packed.key_mask
-        q, k, v = qkv.chunk(3, dim=-1)
-        projections = (None, None)
-        if positions is not None:
-            projections = (self.table_query(positions.table) if a.p2c else None,
-                           self.table_key(positions.table) if a.c2p else None)
-        context, _ = a.attend(q, k, v, mask, positions, projections, 1.0)  # the scale is in the weights
-        return from_sequences(context, packed) if packed is not None else context
 
 
 def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -207,9 +177,10 @@ def fuse_for_inference(model: torch.nn.Module, native_attention: bool = True) ->
     attend = kernels.varlen_attention() if native_attention else None
     backbone = model if isinstance(model, BertModel) else model.backbone
     # Every block once, however often it runs (ALBERT runs its shared blocks several times).
-    # BERT's attention and DeBERTa's are fused; a block with any other attention would run as it is.
-    fusable = (SelfAttention, DisentangledAttention)
-    for layer in (m for m in backbone.modules() if isinstance(m, BertLayer) and type(m.attention) in fusable):
+    # Only BERT's own attention is fused: a block whose attention differs (DeBERTa's) runs as it is. DeBERTa
+    # packed for oneDNN, its disentangled terms in PyTorch ops, measured 5% slower than this on the AMX host,
+    # where MKL's fp32 matmul beats oneDNN's (docs/results.md, "DeBERTa-v3-base on CPU").
+    for layer in (m for m in backbone.modules() if isinstance(m, BertLayer) and type(m.attention) is SelfAttention):
         if isinstance(layer.forward, _FusedLayer):
             layer.forward.attend = attend  # fused already: only the attention choice may change
             continue

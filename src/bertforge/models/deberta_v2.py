@@ -222,18 +222,15 @@ class DisentangledAttention(nn.Module):
         return pos_query, pos_key
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               positions: RelativePositions | None, projections: tuple, scale: float,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               positions: RelativePositions | None, projections: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention itself, on rows of whole sequences.
 
         q, k, v: float [B, T, H]; mask: bool [B, 1, 1|T, T] or None; projections: `table_projections`'
-        pair; scale: what the scores are divided by (the fused path passes 1.0, having folded it into
-        the query weights). Returns the context float [B, T, H] and the probabilities [B, nh, T, T].
+        pair. Returns the context float [B, T, H] and the probabilities [B, nh, T, T].
         """
         B, T, H = q.shape
         q, k, v = self.heads(q), self.heads(k), self.heads(v)
-        if scale != 1.0:  # divide the [B, nh, T, hd] query once, not three [B, nh, T, T] score terms
-            q = q / scale
+        q = q / self.scale  # divided once here, not in each of three [B, nh, T, T] score terms
         scores = q @ k.transpose(-1, -2)  # (B, nh, T, T)
         if positions is not None:
             pos_query, pos_key = projections
@@ -243,7 +240,7 @@ class DisentangledAttention(nn.Module):
                 scores.add_(torch.gather(by_distance, -1, index))
             if self.p2c:  # every distance against each key, then the distance from each query picked
                 pos_query = self.heads(pos_query)
-                by_distance = (pos_query / scale if scale != 1.0 else pos_query) @ k.transpose(-1, -2)  # (B, nh, 2k, T)
+                by_distance = (pos_query / self.scale) @ k.transpose(-1, -2)  # (B, nh, 2k, T)
                 scores.add_(torch.gather(by_distance, -2, index))
         if mask is not None:
             # The float minimum, not -inf, as transformers: a padding row of the masked path stays finite.
@@ -262,7 +259,7 @@ class DisentangledAttention(nn.Module):
             q, k, v = to_sequences(q, packed), to_sequences(k, packed), to_sequences(v, packed)
             mask = packed.key_mask
         projections = self.table_projections(positions.table) if positions is not None else (None, None)
-        context, probs = self.attend(q, k, v, mask, positions, projections, self.scale)
+        context, probs = self.attend(q, k, v, mask, positions, projections)
         if packed is not None:
             context = from_sequences(context, packed)
         return self.out(context), probs if output_attentions else None
