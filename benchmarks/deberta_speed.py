@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from bertforge.inference.backends import load as load_backend
 
 from .common import machine, save
 from .family_parity import texts, tokenizer_dir
+from .family_speed import timed
 
 V3_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                relative_attention=True, position_buckets=256, max_relative_positions=-1, pos_att_type="p2c|c2p",
@@ -46,14 +46,6 @@ def inputs(path: Path, sst: list[str], wiki: list[str], tokens: int | None) -> l
         return [{"input_ids": rows[i:i + 8], "attention_mask": torch.ones_like(rows[i:i + 8])} for i in range(0, 64, 8)]
     ordered = sorted(sst, key=lambda s: len(tok(s)["input_ids"]))
     return [dict(tok(ordered[i:i + 32], padding=True, return_tensors="pt")) for i in range(0, len(ordered), 32)]
-
-
-def timed(model, work: list[dict[str, torch.Tensor]]) -> float:
-    start = time.perf_counter()
-    with torch.inference_mode():
-        for batch in work:
-            model(**batch)
-    return time.perf_counter() - start
 
 
 def main() -> None:
