@@ -82,7 +82,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     mask for float32 and bfloat16 tensors on CPU. x: any shape -> the same shape and dtype."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or x.dtype not in NATIVE_DTYPES or p >= 1.0:
+    # Under torch.compile, Inductor generates its own fused random masks (and a key drawn on the host
+    # would break the graph); elsewhere than the CPU, and for other dtypes, torch's dropout as it is.
+    if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in NATIVE_DTYPES or p >= 1.0:
         return F.dropout(x, p, True)
     op = hashed_dropout() or reference
     return _HashedDropout.apply(x, draw_key(), threshold(p), 1.0 / (1.0 - p), op)

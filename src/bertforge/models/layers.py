@@ -114,8 +114,9 @@ class SelfAttention(nn.Module):
 
         probs = None
         # SDPA draws its attention dropout with torch's Bernoulli sampler, which cost more than the
-        # attention itself on CPU; training there takes the explicit path and the hashed dropout.
-        if output_attentions or (dropout_p > 0.0 and q.device.type == "cpu"):
+        # attention itself on CPU; eager training there takes the explicit path and the hashed dropout.
+        hashed = dropout_p > 0.0 and q.device.type == "cpu" and not torch.compiler.is_compiling()
+        if output_attentions or hashed:
             # The explicit path: the same maths as SDPA, but the probabilities are kept.
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T)
             if mask is not None:
