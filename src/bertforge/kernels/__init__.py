@@ -79,7 +79,7 @@ def library() -> bool:
         build_dir = Path(_get_build_directory(name, verbose=False))
         _clear_stale_lock(build_dir / "lock")
         if not (build_dir / f"{name}.so").exists():  # a first start pauses here; say why (with -v)
-            log.info("compiling bertforge's native kernels for this machine (%s), once: about 15 s", capability)
+            log.info("compiling bertforge's native kernels for this machine (%s), once: about 10 s", capability)
         load(name=name, sources=[str(source) for source in _SOURCES],
              extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS.get(capability, [])], is_python_module=False, verbose=False)
     except Exception as error:  # no compiler or no ninja: slower paths, not wrong ones
