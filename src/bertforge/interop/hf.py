@@ -83,9 +83,9 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Our state dict under transformers' names (the tied MLM decoder is left out, as transformers does)."""
     names = hf_names(model)
     state = {names[key]: tensor for key, tensor in model.state_dict().items()}
-    if _untied_decoder(model):
+    head_bias, decoder_bias = _mlm_bias_keys(names_of(model))
+    if _untied_decoder(model) and head_bias in state and decoder_bias != head_bias:
         # transformers 5 gives an untied decoder a bias of its own and uses it; write our one bias under both names.
-        head_bias, decoder_bias = _mlm_bias_keys(names_of(model))
         state[decoder_bias] = state[head_bias].clone()
     return state
 

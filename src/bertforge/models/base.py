@@ -85,7 +85,8 @@ class PreTrainedModel(nn.Module):
                     module.weight[module.padding_idx].zero_()
             if isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:  # (ModernBERT's norms have none)
+                    nn.init.zeros_(module.bias)
 
     def checkpoint_names(self, table: NameTable) -> NameTable:
         """The name table this model's checkpoints use: its family's (`table`), unless a config setting

@@ -108,6 +108,8 @@ class BertModel(BertPreTrainedModel):
         self.project = nn.Linear(config.embedding_width, config.hidden_size) if self.projects(config) else None
         self.layers = self.build_layers(config)
         self.pooler = self.build_pooler(config) if add_pooling_layer else None
+        # Post-LN blocks end normalised; a pre-norm family (ModernBERT) sets its closing LayerNorm here.
+        self.final_norm: nn.Module | None = None
         self.unpad = True  # run padded batches on their real tokens only (same numbers, less work)
         self.init_weights()
 
@@ -135,11 +137,12 @@ class BertModel(BertPreTrainedModel):
         return iter(self.layers)
 
     def encode(self, x: torch.Tensor, mask: torch.Tensor | None, packed: Packing | None,
-               output_attentions: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+               output_attentions: bool, position_ids: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         """Each block's output and attention probabilities (or None), in order: the blocks one after
         another (a family whose blocks need more than the previous output overrides this).
 
-        x: the embeddings, float [B, T, H] (or [N, H] when `packed`); mask as `SelfAttention` takes it."""
+        x: the embeddings, float [B, T, H] (or [N, H] when `packed`); mask as `SelfAttention` takes it;
+        position_ids: long, laid out as x's tokens ([B, T] or [N]), for families with rotary positions."""
         for layer in self.blocks():
             x, probs = layer(x, mask, output_attentions, packed)
             yield x, probs
@@ -218,20 +221,23 @@ class BertModel(BertPreTrainedModel):
         if position_ids is None:
             position_ids = self.default_position_ids(input_ids)
 
-        if packed is None:
-            x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
-        else:  # look up the real tokens only: x is (N, H) from here to the last layer
-            x = self.embeddings(unpad(input_ids, packed), unpad(token_type_ids, packed), unpad(position_ids, packed))
+        if packed is not None:  # look up the real tokens only: x is (N, H) from here to the last layer
+            input_ids, token_type_ids, position_ids = (unpad(t, packed) for t in (input_ids, token_type_ids, position_ids))
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H), or (N, H)
         if self.project is not None:
             x = self.project(x)  # (..., E) -> (..., H)
         padded = (lambda t: pad(t, packed)) if packed is not None else (lambda t: t)
         all_hidden = [padded(x)] if output_hidden_states else None
         all_probs = [] if output_attentions else None
-        for x, probs in self.encode(x, mask, packed, output_attentions):
+        for x, probs in self.encode(x, mask, packed, output_attentions, position_ids):
             if all_hidden is not None:
                 all_hidden.append(padded(x))
             if all_probs is not None:
                 all_probs.append(probs)
+        if self.final_norm is not None:  # a pre-norm family's last LayerNorm, part of the last hidden state
+            x = self.final_norm(x)
+            if all_hidden is not None:
+                all_hidden[-1] = padded(x)
         x = padded(x)  # (B, T, H), zeros at padding when unpadded
 
         pooled = None

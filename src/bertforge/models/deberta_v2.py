@@ -379,7 +379,7 @@ class DebertaV2Model(BertModel):
         return RelativePositions(table, index)
 
     def encode(self, x: torch.Tensor, mask: torch.Tensor | None, packed: Packing | None,
-               output_attentions: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+               output_attentions: bool, position_ids: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         T = packed.max_seqlen if packed is not None else x.shape[-2]
         positions = self.relative_positions(T, x.device)
         embedded = x

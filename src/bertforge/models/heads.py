@@ -70,16 +70,17 @@ class MaskedLMHead(nn.Module):
     """Transform (Linear -> GELU -> LayerNorm), then a decoder (tied to the word embeddings unless the config
     says otherwise) plus its own bias."""
 
-    def __init__(self, config: BertConfig, act: str | None = None) -> None:
+    def __init__(self, config: BertConfig, act: str | None = None, biases: tuple[bool, bool, bool] = (True, True, True)) -> None:
         """act: the transform's non-linearity; None means `config.hidden_act` (BERT's head follows the
-        config, RoBERTa's is exact GELU whatever the config says)."""
+        config, RoBERTa's is exact GELU whatever the config says). biases: whether the dense layer, the
+        LayerNorm and the decoder have one (all do but in ModernBERT, whose config says)."""
         super().__init__()
         E = config.embedding_width  # the word embeddings' width, which the decoder shares (ALBERT's, ELECTRA's < H)
         self.transform = nn.Sequential()
-        self.transform.add_module("dense", nn.Linear(config.hidden_size, E))
+        self.transform.add_module("dense", nn.Linear(config.hidden_size, E, bias=biases[0]))
         self.transform.add_module("act", activation(act or config.hidden_act))
-        self.transform.add_module("norm", nn.LayerNorm(E, eps=config.layer_norm_eps))
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.transform.add_module("norm", nn.LayerNorm(E, eps=config.layer_norm_eps, bias=biases[1]))
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if biases[2] else None
         # BERT ties the decoder to the word embeddings. A checkpoint with `tie_word_embeddings: false`
         # has its own [V, E] decoder matrix (cls.predictions.decoder.weight), kept here.
         self.decoder = None if config.tie_word_embeddings else nn.Linear(E, config.vocab_size, bias=False)
@@ -132,6 +133,10 @@ class HeadModel(BertPreTrainedModel):
     backbone_class: ClassVar[type[BertModel]] = BertModel
     mlm_activation: ClassVar[str | None] = None  # the masked-LM transform's; None: config.hidden_act
 
+    def masked_lm_head(self, config: BertConfig) -> MaskedLMHead:
+        """The masked-LM head of this family: BERT's, with `mlm_activation` (ModernBERT's sets its biases)."""
+        return MaskedLMHead(config, self.mlm_activation)
+
     def _add_backbone(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         self.add_module(self.base_model_prefix, self.backbone_class(config, add_pooling_layer=add_pooling_layer))
 
@@ -149,7 +154,7 @@ class BertForPreTraining(HeadModel):
         super().__init__()
         self.config = config
         self._add_backbone(config)
-        self.mlm = MaskedLMHead(config, self.mlm_activation)
+        self.mlm = self.masked_lm_head(config)
         self.nsp = self.sentence_head(config)
         self.init_weights()
 
@@ -185,7 +190,7 @@ class BertForMaskedLM(HeadModel):
         super().__init__()
         self.config = config
         self._add_backbone(config, add_pooling_layer=False)
-        self.mlm = MaskedLMHead(config, self.mlm_activation)
+        self.mlm = self.masked_lm_head(config)
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
@@ -248,13 +253,16 @@ class LinearHead(HeadModel):
         """(logits, encoder output): logits float [B, out] when pooled, else [B, T, out]."""
         out = self.backbone(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                             output_hidden_states=output_hidden_states)
+        return getattr(self, self.layer)(self.dropout(self.features(out, attention_mask, position_ids))), out
+
+    def features(self, out, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> torch.Tensor:
+        """What the layer reads from the encoder's output: the pooled vectors float [B, H] (or the first tokens'),
+        else every token's float [B, T, H]. A family with a head of its own in front (ModernBERT's) overrides this."""
         if self.pooled:
-            features = out.pooler_output
-        elif self.first_token:
-            features = out.last_hidden_state[:, 0]
-        else:
-            features = out.last_hidden_state
-        return getattr(self, self.layer)(self.dropout(features)), out
+            return out.pooler_output
+        if self.first_token:
+            return out.last_hidden_state[:, 0]
+        return out.last_hidden_state
 
 
 class BertForSequenceClassification(LinearHead):

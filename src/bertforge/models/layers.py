@@ -110,24 +110,31 @@ class SelfAttention(nn.Module):
         q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        dropout_p = self.dropout_p if self.training else 0.0
-
-        probs = None
-        # SDPA draws its attention dropout with torch's Bernoulli sampler, which cost more than the
-        # attention itself on CPU; eager training there takes the explicit path and the hashed dropout.
-        hashed = dropout_p > 0.0 and q.device.type == "cpu" and not torch.compiler.is_compiling()
-        if output_attentions or hashed:
-            # The explicit path: the same maths as SDPA, but the probabilities are kept.
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, T)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            probs = scores.softmax(dim=-1)
-            context = dropout(probs, dropout_p, self.training) @ v  # (B, nh, T, hd)
-            probs = probs if output_attentions else None
-        else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-
+        context, probs = scaled_attention(q, k, v, mask, self.dropout_p, self.training, output_attentions)
         return context.transpose(1, 2).reshape(B, T, H), probs  # re-join the heads
+
+
+def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float,
+                     training: bool, output_attentions: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(q k^T / sqrt(hd), where mask) v, by heads: q, k, v float [B, nh, T, hd]; mask bool, broadcast
+    to [B, nh, T, T], True where a key may be attended to. Returns the context [B, nh, T, hd] and, when
+    `output_attentions`, the probabilities [B, nh, T, T]."""
+    dropout_p = dropout_p if training else 0.0
+    probs = None
+    # SDPA draws its attention dropout with torch's Bernoulli sampler, which cost more than the
+    # attention itself on CPU; eager training there takes the explicit path and the hashed dropout.
+    hashed = dropout_p > 0.0 and q.device.type == "cpu" and not torch.compiler.is_compiling()
+    if output_attentions or hashed:
+        # The explicit path: the same maths as SDPA, but the probabilities are kept.
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = scores.softmax(dim=-1)
+        context = dropout(probs, dropout_p, training) @ v  # (B, nh, T, hd)
+        probs = probs if output_attentions else None
+    else:
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return context, probs
 
 
 class FeedForward(nn.Module):
