@@ -158,6 +158,19 @@ def albert_dirs(tmp_path_factory):
                          ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"])
 
 
+@pytest.fixture(scope="session")
+def modern_dirs(tmp_path_factory):
+    """ModernBERT's kind of tokenizer: tokenizer.json used as it is (PreTrainedTokenizerFast), trained here ("ours"),
+    and as transformers saves it after reading that ("hf", which names the class TokenizersBackend)."""
+    transformers = pytest.importorskip("transformers")
+    from bertforge.tokenization.verbatim import VerbatimTokenizer
+
+    root = tmp_path_factory.mktemp("modern-tok")
+    VerbatimTokenizer.train(texts=corpus(), vocab_size=700).save(root / "ours")
+    transformers.AutoTokenizer.from_pretrained(root / "ours").save_pretrained(root / "hf")
+    return root
+
+
 def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every parameter moved off its initial value (LayerNorm and biases too), so a swapped or missing name
     cannot pass a parity test; in eval mode."""

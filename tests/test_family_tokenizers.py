@@ -18,7 +18,7 @@ import bertforge  # noqa: E402
 from bertforge.errors import TokenizerError  # noqa: E402
 from bertforge.tokenization.sentence import ByteLevelBPETokenizer, UnigramTokenizer  # noqa: E402
 
-from conftest import corpus  # noqa: E402, F401  (unigram_dirs: a conftest fixture)
+from conftest import corpus  # noqa: E402, F401  (unigram_dirs, modern_dirs: conftest fixtures)
 
 ADVERSARIAL = ["Hello <mask> world", "Héllo wörld, 東京 🙂!", "zero\u200bwidth\u200d joiner", "ctrl\x00\x07chars\ttab",
                "a" * 300, "  leading and trailing  ", "", "naïve café", "ﬁ ligature Ａ full-width", "ÅÄÖ åäö",
@@ -155,6 +155,49 @@ def test_pre_split_words_need_the_prefix_space_as_in_transformers(bpe_dirs):
     assert a["input_ids"] == b["input_ids"]
     assert [[tuple(o) for o in row] for row in a["offset_mapping"]] == [[tuple(o) for o in row] for row in b["offset_mapping"]]
     assert [a.word_ids(i) for i in range(2)] == [b.word_ids(i) for i in range(2)]
+
+
+@pytest.mark.parametrize("side", ["ours", "hf"])
+def test_tokenizer_json_pipeline_agrees_with_transformers(modern_dirs, side):
+    from bertforge.tokenization.verbatim import VerbatimTokenizer
+
+    ours = bertforge.AutoTokenizer.from_pretrained(modern_dirs / side)
+    assert isinstance(ours, VerbatimTokenizer) and ours.mask_token_id == 4
+    theirs = transformers.AutoTokenizer.from_pretrained(modern_dirs / side)
+    assert agree(ours, theirs) == len(ADVERSARIAL) * len(PAIRS) + 1
+    assert "token_type_ids" not in ours("a b")  # model_input_names, as ModernBERT's tokenizer_config says
+    # Pre-split words: as transformers encodes them; and for_words() gives each the space pretraining saw before
+    # it (ByteLevel's add_prefix_space), as for RoBERTa.
+    words = [["Héllo", "wörld"], ["a", "tokenizer", "test"]]
+    plain = ours(words, is_split_into_words=True)
+    assert plain["input_ids"] == theirs(words, is_split_into_words=True)["input_ids"]
+    spaced = ours.for_words()(words, is_split_into_words=True)
+    assert spaced["input_ids"] == [theirs(" " + " ".join(w))["input_ids"] for w in words] != plain["input_ids"]
+    inner = spaced.word_ids(1)[1:-1]  # [CLS] and [SEP] belong to no word; each word's pieces follow in order
+    assert inner == sorted(inner) and set(inner) == {0, 1, 2} and spaced.word_ids(1)[0] is None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_input_names": ["input_ids", "position_ids"]}, "model_input_names"),
+    ({"add_bos_token": True}, "add_bos_token"),
+    ({"tokenizer_class": "RobertaTokenizer"}, None),
+])
+def test_tokenizer_json_settings_honoured_or_refused(modern_dirs, tmp_path, change, message):
+    config = json.loads((modern_dirs / "ours" / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer.json").write_bytes((modern_dirs / "ours" / "tokenizer.json").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | change))
+    if message is None:  # RoBERTa's class: its pipeline is rebuilt around the vocabulary, as transformers does
+        ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
+        assert type(ours).__name__ == "ByteLevelBPETokenizer"
+        return
+    with pytest.raises(TokenizerError, match=message):
+        bertforge.AutoTokenizer.from_pretrained(tmp_path)
+    for inputs in (None, ["input_ids", "token_type_ids", "attention_mask"]):  # transformers' default, and segments
+        config.pop("model_input_names", None)
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | ({"model_input_names": inputs} if inputs else {})))
+        both = (bertforge.AutoTokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path))
+        assert [sorted(t("a", "b")) for t in both] == [sorted(inputs or ["input_ids", "attention_mask"])] * 2
+        assert both[0]("a", "b") == both[1]("a", "b")
 
 
 SPECIALS = {"RobertaTokenizer": ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import TokenizerError
 from .sentence import AlbertTokenizer, ByteLevelBPETokenizer, DebertaV2Tokenizer, UnigramTokenizer
 from .tokenizer import Tokenizer
+from .verbatim import VerbatimTokenizer
 
 KINDS: dict[str, type[Tokenizer]] = {"wordpiece": Tokenizer, "bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer}
 # tokenizer.json's model type -> kind
@@ -22,7 +23,19 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     kind = kind_of_files(path)
     if kind == "unigram":
         return _unigram_pipeline(Path(path)).from_pretrained(path)
+    if kind == "bpe" and _names_class(Path(path), VerbatimTokenizer.classes):
+        return VerbatimTokenizer.from_pretrained(path)
     return KINDS[kind].from_pretrained(path)
+
+
+def _names_class(path: Path, classes: set[str]) -> bool:
+    """Whether tokenizer_config.json's tokenizer_class is one of `classes` (ModernBERT's PreTrainedTokenizerFast:
+    tokenizer.json used as it is, not RoBERTa's pipeline rebuilt around its vocabulary)."""
+    file = path / "tokenizer_config.json"
+    try:
+        return file.is_file() and json.loads(file.read_text(encoding="utf-8")).get("tokenizer_class") in classes
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return False  # the tokenizer's own reader names a malformed file
 
 
 # The SentencePiece Unigram pipelines, by the tokenizer_class or model_type that names each, and its model file.
@@ -90,6 +103,9 @@ def train_tokenizer(kind: str, tokenizer_class: str, *, files: Iterable[str | Pa
         tokenizer.tokenizer_class = tokenizer_class  # DistilBERT's sends no token_type_ids to its model
         return tokenizer
     stream = texts() if texts is not None else None
+    if kind == "bpe" and tokenizer_class in VerbatimTokenizer.classes:
+        return VerbatimTokenizer.train(files, vocab_size=vocab_size, min_frequency=min_frequency, texts=stream,
+                                       show_progress=show_progress)
     if kind == "bpe":
         return ByteLevelBPETokenizer.train(files, vocab_size=vocab_size, min_frequency=min_frequency, texts=stream,
                                            show_progress=show_progress)
