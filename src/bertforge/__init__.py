@@ -38,6 +38,9 @@ _EXPORTS = {
     **{name: "models.deberta_v2" for name in (
         "DebertaV2Config", "DebertaV2Model", "DebertaV2ForMaskedLM", "DebertaV2ForSequenceClassification",
         "DebertaV2ForTokenClassification", "DebertaV2ForQuestionAnswering")},
+    **{name: "models.modernbert" for name in (
+        "ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
+        "ModernBertForTokenClassification", "ModernBertForQuestionAnswering")},
     "AutoConfig": "interop.auto", "AutoModel": "interop.auto", "AutoModelForPreTraining": "interop.auto",
     "AutoModelForMaskedLM": "interop.auto", "AutoModelForNextSentencePrediction": "interop.auto",
     "AutoModelForSequenceClassification": "interop.auto", "AutoModelForTokenClassification": "interop.auto",

@@ -28,6 +28,9 @@ from .distilbert import (DistilBertConfig, DistilBertForMaskedLM, DistilBertForQ
 from .electra import HF_NAMES as ELECTRA_NAMES
 from .electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, ElectraForQuestionAnswering,
                       ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel)
+from .modernbert import HF_NAMES as MODERNBERT_NAMES
+from .modernbert import (ModernBertConfig, ModernBertForMaskedLM, ModernBertForQuestionAnswering,
+                         ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertModel)
 from .heads import (BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
                     BertForSequenceClassification, BertForTokenClassification)
 from .roberta import HF_NAMES as ROBERTA_NAMES
@@ -174,8 +177,16 @@ DEBERTA_V2 = Family("deberta-v2", DebertaV2Config, DebertaV2Model, DEBERTA_V2_NA
     span_extractor(DebertaV2ForQuestionAnswering),
 ), tokenizer_class="DebertaV2Tokenizer")
 
+# ModernBERT pretrains with masked-LM alone (30% of tokens); every task layer is named `classifier`.
+MODERNBERT = Family("modernbert", ModernBertConfig, ModernBertModel, MODERNBERT_NAMES, "bpe", (
+    base(ModernBertModel, pooler=False), masked_lm(ModernBertForMaskedLM, "head."),
+    sequence_classifier(ModernBertForSequenceClassification), token_classifier(ModernBertForTokenClassification),
+    HeadInfo(ModernBertForQuestionAnswering, "question-answering", ("qa",), "answer start and end positions",
+             ("start_logits", "end_logits"), ("classifier.", "question answering (start/end)")),
+), tokenizer_class="PreTrainedTokenizerFast")
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA,
-                                                         DEBERTA_V2)}
+                                                         DEBERTA_V2, MODERNBERT)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}

@@ -1,0 +1,215 @@
+"""ModernBERT beyond the parity grid: both config.json layouts, refusals, the windowed attention on long rows,
+attention maps, packing, training gradients, and a sentence-transformers directory (gte-modernbert's layout).
+
+Models are small random transformers ModernBERTs with every parameter perturbed; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import perturbed
+
+import bertforge
+from bertforge.errors import ConfigError
+from bertforge.interop.hf import hf_names
+from bertforge.models import windowed
+from bertforge.models.modernbert import ModernBertConfig
+
+IDS = dict(pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2)
+SIZES = dict(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=40,
+             max_position_embeddings=4096, local_attention=8, **IDS)
+# ModernBERT-base's config.json as published (transformers 4.48's keys, with its unused BERT-era ones).
+PUBLISHED = {"architectures": ["ModernBertForMaskedLM"], "attention_bias": False, "attention_dropout": 0.0,
+             "bos_token_id": 50281, "classifier_activation": "gelu", "classifier_bias": False,
+             "classifier_dropout": 0.0, "classifier_pooling": "mean", "cls_token_id": 50281, "decoder_bias": True,
+             "deterministic_flash_attn": False, "embedding_dropout": 0.0, "eos_token_id": 50282,
+             "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0, "gradient_checkpointing": False,
+             "hidden_activation": "gelu", "hidden_size": 768, "initializer_cutoff_factor": 2.0,
+             "initializer_range": 0.02, "intermediate_size": 1152, "layer_norm_eps": 1e-05, "local_attention": 128,
+             "local_rope_theta": 10000.0, "max_position_embeddings": 8192, "mlp_bias": False, "mlp_dropout": 0.0,
+             "model_type": "modernbert", "norm_bias": False, "norm_eps": 1e-05, "num_attention_heads": 12,
+             "num_hidden_layers": 22, "pad_token_id": 50283, "position_embedding_type": "absolute",
+             "reference_compile": True, "repad_logits_with_grad": False, "sep_token_id": 50282,
+             "sparse_pred_ignore_index": -100, "sparse_prediction": False, "torch_dtype": "float32",
+             "transformers_version": "4.48.0.dev0", "vocab_size": 50368}
+
+
+def test_the_published_layout_and_transformers_5_layout_read_alike(tmp_path, caplog):
+    ours = ModernBertConfig.from_dict(PUBLISHED)
+    assert ours.layer_types == ["sliding_attention" if i % 3 else "full_attention" for i in range(22)]
+    assert ours.rope_parameters["full_attention"]["rope_theta"] == 160000.0
+    assert ours.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+    assert ours.window == 64 and ours.layer_norm_eps == 1e-5 and ours.classifier_pooling == "mean"
+    assert "not BertConfig settings" not in caplog.text  # every key is known: used, or known to change nothing
+    # transformers 5 reads what bertforge writes as it reads the published file; so does bertforge.
+    ours.save(tmp_path / "config.json", ["ModernBertForMaskedLM"])
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    published = transformers.ModernBertConfig.from_dict(PUBLISHED)
+    assert theirs.layer_types == published.layer_types == ours.layer_types
+    assert theirs.rope_parameters == published.rope_parameters
+    assert theirs.sliding_window == published.sliding_window and theirs.norm_eps == published.norm_eps
+    written = json.loads((tmp_path / "config.json").read_text())
+    again = ModernBertConfig.from_dict(written)
+    assert again.to_dict() == ours.to_dict() and written["global_attn_every_n_layers"] == 3 and written["layer_norm_eps"] == 1e-5
+    # The transformers 5 layout alone gives the same config.
+    v5 = {k: v for k, v in written.items() if k not in ("global_attn_every_n_layers", "global_rope_theta",
+                                                         "local_rope_theta")}
+    assert ModernBertConfig.from_dict(v5).to_dict() == ours.to_dict()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"layer_types": ["full_attention"] * 22}, "'layer_types' and 'global_attn_every_n_layers' \\(3\\) disagree"),
+    ({"layer_types": ["full_attention"] * 3, "global_attn_every_n_layers": None}, "'layer_types' must list one of"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5.0}}},
+     "'rope_parameters' \\(full_attention rope_theta 5.0\\) and 'global_rope_theta'"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "'rope_scaling'"),
+    ({"global_attn_every_n_layers": 0}, "'global_attn_every_n_layers' must be a positive integer"),
+    ({"classifier_pooling": "max"}, "'classifier_pooling' is 'max'"),
+    ({"sparse_pred_ignore_index": 0}, "'sparse_pred_ignore_index'"),
+    ({"local_attention": 0}, "'local_attention' must be a positive integer"),
+    ({"norm_bias": "no"}, "'norm_bias' must be true or false"),
+])
+def test_settings_it_cannot_honour_are_refused(change, message):
+    config = {k: v for k, v in (PUBLISHED | change).items() if v is not None}
+    with pytest.raises(ConfigError, match=message):
+        ModernBertConfig.from_dict(config)
+
+
+def test_a_rotary_variant_other_than_the_default_is_refused():
+    v5 = {k: v for k, v in PUBLISHED.items() if k not in ("global_rope_theta", "local_rope_theta")}
+    rope = {"full_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}
+    with pytest.raises(ConfigError, match="default rotary embedding only"):
+        ModernBertConfig.from_dict(v5 | {"rope_parameters": rope})
+
+
+def hf_pair(tmp_path, cls: str = "ModernBertModel", **overrides):
+    """A perturbed transformers model (eager attention, so it returns its attention maps) and bertforge's copy."""
+    config = transformers.ModernBertConfig(**(SIZES | overrides), attn_implementation="eager")
+    torch.manual_seed(0)
+    theirs = perturbed(getattr(transformers, cls)(config))
+    theirs.save_pretrained(tmp_path)
+    return theirs, getattr(bertforge, cls).from_pretrained(tmp_path).eval()
+
+
+def test_long_padded_rows_and_attention_maps_equal_transformers(tmp_path):
+    """Rows of 300 tokens (local layers see 4 either side: the windowed path, blocks and padding included), and
+    the attention maps of the explicit path, zero outside each local layer's band."""
+    theirs, ours = hf_pair(tmp_path)
+    ids = torch.randint(3, 100, (3, 300))
+    mask = torch.ones_like(ids)
+    mask[1, 217:] = 0
+    mask[2, 3:] = 0
+    real = mask.bool()
+    with torch.no_grad():
+        a = theirs(input_ids=ids, attention_mask=mask, output_attentions=True)
+        b = ours(ids, attention_mask=mask)
+        c = ours(ids, attention_mask=mask, output_attentions=True)
+    torch.testing.assert_close(b.last_hidden_state[real], a.last_hidden_state[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(c.last_hidden_state[real], a.last_hidden_state[real], atol=1e-5, rtol=0)
+    for layer, (x, y) in enumerate(zip(c.attentions, a.attentions)):
+        torch.testing.assert_close(x[0], y[0], atol=1e-6, rtol=0)
+        if layer % 3:  # local: nothing beyond 4 positions
+            far = (torch.arange(300)[:, None] - torch.arange(300)[None, :]).abs() > 4
+            assert float(x[0][:, far].abs().max()) == 0.0
+
+
+def test_local_layers_never_build_a_row_by_row_score_matrix(monkeypatch):
+    """At 2,048 tokens no attention call of a local layer is given more than c + 2w keys, and no mask is T x T:
+    the memory of a local layer grows with T * window."""
+    model = bertforge.ModernBertModel(ModernBertConfig.from_dict(SIZES | dict(local_attention=32))).eval()
+    shapes = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        shapes.append((tuple(k.shape), None if attn_mask is None else tuple(attn_mask.shape)))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    ids = torch.randint(3, 100, (1, 2048))
+    with torch.no_grad():
+        out = model(ids).last_hidden_state
+    assert torch.isfinite(out).all()
+    local = [s for s in shapes if s[0][-2] != 2048]
+    assert len(shapes) == 3 and len(local) == 2  # one global layer, two local
+    assert all(k[-2] == 16 + 2 * 16 and m[-2:] == (16, 48) for k, m in local)
+    assert all(m is None or m[-2] == 1 for k, m in shapes if k[-2] == 2048)  # the global layer: no T x T mask
+
+
+def test_packed_rows_equal_separate_rows(tmp_path):
+    """Two examples packed in one row (position ids restarting at 0) give each example's own outputs, and the
+    sentence classifier pools each of them (mean pooling) as it pools the example alone."""
+    _, ours = hf_pair(tmp_path, "ModernBertForSequenceClassification", classifier_pooling="mean", num_labels=3)
+    a, b = torch.randint(3, 100, (1, 30)), torch.randint(3, 100, (1, 21))
+    packed = torch.cat([a, b], dim=1)
+    positions = torch.cat([torch.arange(30), torch.arange(21)])[None]
+    with torch.no_grad():
+        together = ours(packed, position_ids=positions).logits
+        alone = torch.cat([ours(a).logits, ours(b).logits])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+
+
+def test_training_step_gradients_equal_transformers(tmp_path):
+    """The masked-LM loss and every parameter's gradient, on padded rows longer than the window (the windowed
+    path's backward), equal transformers'."""
+    theirs, ours = hf_pair(tmp_path, "ModernBertForMaskedLM", sparse_prediction=True)
+    theirs.train(), ours.train()  # dropout is 0 in this config: training mode changes no number
+    ids = torch.randint(3, 100, (2, 64))
+    mask = torch.ones_like(ids)
+    mask[1, 40:] = 0
+    labels = torch.full_like(ids, -100)
+    labels[:, 5:60:4] = ids[:, 5:60:4]
+    labels[1, 40:] = -100
+    loss_a = theirs(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss_b = ours(ids, attention_mask=mask, labels=labels).loss
+    loss_a.backward(), loss_b.backward()
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-5, rtol=0)
+    grads = dict(theirs.named_parameters())
+    names = hf_names(ours)
+    for key, param in ours.named_parameters():
+        torch.testing.assert_close(param.grad, grads[names[key]].grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"{key}: {m}")
+
+
+def test_sentence_transformers_directory_with_cls_pooling(modern_dirs, tmp_path):
+    """gte-modernbert's layout (ModernBERT + CLS pooling + Normalize, saved by sentence-transformers): bertforge's
+    embeddings are sentence-transformers' own."""
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers import models as st_models
+
+    from bertforge.inference.predict import run_predict
+
+    tok_dir = modern_dirs / "hf"
+    vocab_size = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
+    config = transformers.ModernBertConfig(**(SIZES | dict(vocab_size=vocab_size, pad_token_id=3)))
+    torch.manual_seed(2)
+    perturbed(transformers.ModernBertModel(config)).save_pretrained(tmp_path / "hf")
+    for f in tok_dir.iterdir():
+        (tmp_path / "hf" / f.name).write_bytes(f.read_bytes())
+    word = st_models.Transformer(str(tmp_path / "hf"), max_seq_length=64)
+    model = st.SentenceTransformer(modules=[word, st_models.Pooling(word.get_word_embedding_dimension(), "cls"),
+                                            st_models.Normalize()], device="cpu")
+    model.save(str(tmp_path / "st"))
+    texts = ["a good film", "Héllo wörld 東京 " * 6, "not good at all, and a much longer sentence than the window"]
+    ours = torch.tensor([row["embedding"] for row in run_predict("embed", str(tmp_path / "st"), texts, backend="torch")])
+    theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts, convert_to_tensor=True)
+    torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=0)
+
+
+def test_windowed_attention_matches_a_banded_mask():
+    """The block-by-block kernel against one masked softmax, across window sizes, lengths and padding."""
+    torch.manual_seed(0)
+    for T, w in [(37, 4), (64, 8), (129, 64), (200, 1)]:
+        q, k, v = (torch.randn(3, T, 2, 8) for _ in range(3))
+        lens = torch.tensor([T, T - 3, max(1, T // 3)])
+        real = torch.arange(T)[None, :] < lens[:, None]
+        got = windowed.windowed_attention(q, k, v, w, real)
+        band = windowed.band_mask(T, w, q.device)[None, None] & real[:, None, None, :]
+        want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=band).transpose(1, 2)
+        torch.testing.assert_close(got[real], want[real], atol=1e-6, rtol=0)
+        assert torch.isfinite(got).all()
