@@ -36,10 +36,16 @@ SIZES = {"albert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads
          "deberta-v2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
                             max_position_embeddings=128, type_vocab_size=0, relative_attention=True,
                             position_buckets=8, max_relative_positions=64, pos_att_type="p2c|c2p",
-                            share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False)}
+                            share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False),
+         # ModernBERT: global, local, local; a window of 2 tokens either side, so sentences run on the windowed path.
+         "modernbert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
+                            max_position_embeddings=128, local_attention=4, classifier_pooling="mean",
+                            pad_token_id=3, cls_token_id=1, bos_token_id=1, sep_token_id=2, eos_token_id=2)}
 HEADS = {"masked": ("ForMaskedLM", None), "classifier": ("ForSequenceClassification", ["neg", "pos"]),
          "tagger": ("ForTokenClassification", ["O", "B-PER", "I-PER"]), "reader": ("ForQuestionAnswering", None)}
-PREFIX = {"albert": "Albert", "electra": "Electra", "deberta-v2": "DebertaV2"}
+PREFIX = {"albert": "Albert", "electra": "Electra", "deberta-v2": "DebertaV2", "modernbert": "ModernBert"}
+BLOCKS = {"albert": 4, "modernbert": 0}  # BERT-shaped blocks (ALBERT's shared ones counted once); 2 elsewhere
+RUNS = {"albert": 3 * 2, "modernbert": 3}  # layers whose attention maps are drawn (ALBERT: each runs two blocks)
 
 
 def tokenizer_dir(family: str, unigram: dict, root):
@@ -53,11 +59,11 @@ def tokenizer_dir(family: str, unigram: dict, root):
     return root / "tok"
 
 
-@pytest.fixture(scope="module", params=["albert", "electra", "deberta-v2"])
-def dirs(request, tmp_path_factory, albert_dirs, deberta_dirs):
+@pytest.fixture(scope="module", params=["albert", "electra", "deberta-v2", "modernbert"])
+def dirs(request, tmp_path_factory, albert_dirs, deberta_dirs, modern_dirs):
     family = request.param
     root = tmp_path_factory.mktemp(family)
-    tok_dir = tokenizer_dir(family, {"albert": albert_dirs, "deberta-v2": deberta_dirs}, root)
+    tok_dir = tokenizer_dir(family, {"albert": albert_dirs, "deberta-v2": deberta_dirs, "modernbert": modern_dirs}, root)
     vocab_size = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
     out = {"family": family}
     torch.manual_seed(0)
@@ -89,13 +95,13 @@ def test_fused_layers_are_each_packed_once(dirs):
 
     model = bertforge.AutoModel.from_pretrained(dirs["classifier"])
     blocks = [m for m in model.modules() if isinstance(m, BertLayer)]
-    assert len(blocks) == (4 if dirs["family"] == "albert" else 2)
+    assert len(blocks) == BLOCKS.get(dirs["family"], 2)
     ids = torch.randint(5, 100, (2, 9))
     with torch.no_grad():
         ref = model(ids).last_hidden_state
         fuse_for_inference(model, native_attention=False)
         got = model(ids).last_hidden_state
-    # DeBERTa's attention is not BERT's: the fused path leaves its blocks as they are (eager, same numbers).
+    # DeBERTa's attention is not BERT's (nor ModernBERT's blocks): the fused path leaves them as they are (eager).
     assert all(isinstance(b.forward, _FusedLayer) == (dirs["family"] != "deberta-v2") for b in blocks)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
@@ -156,8 +162,7 @@ def test_inspect_and_attention_maps(dirs):
     assert report["parameters"]["total"] == model.num_parameters()  # shared blocks counted once
     encoder = bertforge.AutoModel.from_pretrained(dirs["classifier"])
     tokens, attn = attention_maps(encoder, load_tokenizer(dirs["classifier"]), "a good film", "yes")
-    runs = 3 * 2 if dirs["family"] == "albert" else 2  # ALBERT: every layer runs a group of two blocks
-    assert tokens[0] == "[CLS]" and attn.shape[:2] == (runs, 4)
+    assert tokens[0] == "[CLS]" and attn.shape[:2] == (RUNS.get(dirs["family"], 2), 4)
 
 
 @pytest.mark.parametrize("task", ["classify", "qa"])

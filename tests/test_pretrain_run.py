@@ -247,10 +247,11 @@ def test_two_runs_that_train_their_vocabulary_are_bitwise_equal(tmp_path, corpus
 # Each architecture pretrains from scratch with masked-LM on a new vocabulary of its own kind (WordPiece, byte-level
 # BPE, or SentencePiece Unigram with XLM-R's or ALBERT's specials), and writes what transformers' class loads.
 ARCHS = {"roberta": "RobertaForMaskedLM", "xlm-roberta": "XLMRobertaForMaskedLM", "distilbert": "DistilBertForMaskedLM",
-         "albert": "AlbertForMaskedLM", "electra": "ElectraForMaskedLM", "deberta-v2": "DebertaV2ForMaskedLM"}
+         "albert": "AlbertForMaskedLM", "electra": "ElectraForMaskedLM", "deberta-v2": "DebertaV2ForMaskedLM",
+         "modernbert": "ModernBertForMaskedLM"}
 TOKENIZER_CLASS = {"roberta": "RobertaTokenizer", "xlm-roberta": "XLMRobertaTokenizer",
                    "distilbert": "DistilBertTokenizer", "albert": "AlbertTokenizer", "electra": "ElectraTokenizer",
-                   "deberta-v2": "DebertaV2Tokenizer"}
+                   "deberta-v2": "DebertaV2Tokenizer", "modernbert": "PreTrainedTokenizerFast"}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -286,6 +287,9 @@ def test_pretrain_each_architecture(tmp_path, corpus, arch):
         assert "token_type_ids" not in tok("a b")
     if arch == "deberta-v2":  # shaped as v3: relative positions in buckets, no absolute positions, no segments
         assert config["relative_attention"] and config["position_buckets"] == 256 and config["type_vocab_size"] == 0
+    if arch == "modernbert":  # its recipe masks 30% of tokens; no segments are sent
+        assert json.loads((out / "run_config.json").read_text())["masked_lm_prob"] == 0.3
+        assert "token_type_ids" not in tok("a b") and config["layer_types"][0] == "full_attention"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -204,7 +204,8 @@ class CorpusSettings:
 class MaskingSettings:
     """google-research/bert's masked-LM recipe."""
 
-    masked_lm_prob: float = setting(0.15, "fraction of tokens chosen for prediction")
+    masked_lm_prob: float | None = setting(None, "fraction of tokens chosen for prediction (default: the "
+                                                 "architecture's recipe, 0.15; ModernBERT's 0.3)")
     mask_prob: float = setting(0.8, "of those, the fraction replaced by [MASK]")
     random_prob: float = setting(0.1, "of those, the fraction replaced by a random token (the rest stay)")
     max_predictions: int | None = setting(None, "cap on predictions per sequence (default: ceil(seq_len x "
@@ -212,7 +213,7 @@ class MaskingSettings:
     wwm: bool = setting(False, "whole-word masking")
 
     def __post_init__(self) -> None:
-        if not 0 < self.masked_lm_prob < 1:
+        if self.masked_lm_prob is not None and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"{flag('masked_lm_prob')} must lie in (0, 1)")
         for name in ("mask_prob", "random_prob"):
             if not 0 <= getattr(self, name) <= 1:
