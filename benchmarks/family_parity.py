@@ -24,6 +24,7 @@ import transformers
 import bertforge
 from bertforge.models.registry import family
 from bertforge.tokenization.sentence import AlbertTokenizer, ByteLevelBPETokenizer, DebertaV2Tokenizer, UnigramTokenizer
+from bertforge.tokenization.verbatim import VerbatimTokenizer
 
 from .common import DATA, ROOT, need
 HEADS = ("AutoModel", "AutoModelForMaskedLM", "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
@@ -111,7 +112,7 @@ def tokenizer_dir(kind: str, wiki: list[str], root: Path, model_type: str) -> Pa
         (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
         return path
     cls = {"bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer, "albert": AlbertTokenizer,
-           "deberta": DebertaV2Tokenizer}[kind]
+           "deberta": DebertaV2Tokenizer, "modern": VerbatimTokenizer}[kind]
     cls.train(texts=wiki, vocab_size=2000).save(root / f"ours-{kind}")
     transformers.AutoTokenizer.from_pretrained(root / f"ours-{kind}").save_pretrained(path)
     return path

@@ -37,9 +37,9 @@ SIZES = {"albert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads
                             max_position_embeddings=128, type_vocab_size=0, relative_attention=True,
                             position_buckets=8, max_relative_positions=64, pos_att_type="p2c|c2p",
                             share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False),
-         # ModernBERT: global, local, local; a window of 2 tokens either side, so sentences run on the windowed path.
+         # ModernBERT: global, local, local; a window of 1 token either side, so sentences run on the windowed path.
          "modernbert": dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
-                            max_position_embeddings=128, local_attention=4, classifier_pooling="mean",
+                            max_position_embeddings=128, local_attention=2, classifier_pooling="mean",
                             pad_token_id=3, cls_token_id=1, bos_token_id=1, sep_token_id=2, eos_token_id=2)}
 HEADS = {"masked": ("ForMaskedLM", None), "classifier": ("ForSequenceClassification", ["neg", "pos"]),
          "tagger": ("ForTokenClassification", ["O", "B-PER", "I-PER"]), "reader": ("ForQuestionAnswering", None)}

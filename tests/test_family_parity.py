@@ -102,13 +102,13 @@ DEBERTA_SHAPES = {
                         embedding_size=16, conv_kernel_size=3, conv_act="gelu", cls_dropout=0.3, pooler_dropout=0.1,
                         pooler_hidden_act="tanh"),
 }
-# ModernBERT: three layers, global then two local ones that see 2 tokens either side (the 16-token rows run
+# ModernBERT: three layers, global then two local ones that see 1 token either side (the 16-token rows run
 # on the windowed path), first-token pooling, no biases; then every layer global, every bias on, an untied
 # decoder without its bias, ReLU in the feed-forward and SiLU in the heads, mean pooling, other rotary bases.
 MODERNBERT_IDS = dict(pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2)
 MODERNBERT_SHAPES = {
     "base": dict(vocab_size=120, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
-                 max_position_embeddings=18, local_attention=4, global_attn_every_n_layers=3, **MODERNBERT_IDS),
+                 max_position_embeddings=18, local_attention=2, global_attn_every_n_layers=3, **MODERNBERT_IDS),
     "untied-relu": dict(vocab_size=90, hidden_size=24, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=40, max_position_embeddings=34, hidden_activation="relu",
                         tie_word_embeddings=False, classifier_dropout=0.3, global_attn_every_n_layers=1,

