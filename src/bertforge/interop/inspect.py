@@ -12,7 +12,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
-from ..models.registry import HEADS
 from .hf import (
     architecture_of,
     family_of,
@@ -25,8 +24,18 @@ from .hf import (
     weights_files,
 )
 
-# The heads a checkpoint carries, recognised by their weights' key prefixes (from the head registry).
-_HEADS = list(dict.fromkeys(info.weights for info in HEADS.values() if info.weights))
+
+
+def _heads_present(path: Path, shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    """The heads a checkpoint carries, recognised by their weights' key prefixes in its family's registry row. Where
+    two heads of a family share a prefix (ModernBERT names every task layer `classifier`), the checkpoint's own
+    architecture says which it is."""
+    own = head_of(path)
+    by_prefix: dict[str, str] = {}
+    for info in family_of(path).heads:
+        if info.weights and (info.weights[0] not in by_prefix or info is own):
+            by_prefix[info.weights[0]] = info.weights[1]
+    return [label for prefix, label in by_prefix.items() if any(k.startswith(prefix) for k in shapes)]
 
 
 def _scan(file: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
@@ -71,7 +80,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         else:  # the layers are `encoder.layer.*` in BERT's layout, `transformer.layer.*` in DistilBERT's
             part = next((p for p in ("embeddings", "pooler") if name.startswith(p + ".")), "encoder")
         counts[part] += n
-    heads = [label for prefix, label in _HEADS if any(k.startswith(prefix) for k in shapes)]
+    heads = _heads_present(path, shapes)
     # Check the weights against the config without allocating them: build the model on the
     # meta device and load shape-only tensors, which raises on the first mismatched key.
     architecture = architecture_of(path)
