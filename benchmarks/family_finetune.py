@@ -20,7 +20,7 @@ from pathlib import Path
 from bertforge.training.finetune import FinetuneConfig, run_finetune
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 
-from .common import DATA, machine, need, save, wikitext_articles
+from .common import DATA, RESULTS, machine, need, save, wikitext_articles
 
 LEARNS = 0.65
 
@@ -37,10 +37,16 @@ def run(arch: str, work: Path, corpus: Path, train: Path, steps: int) -> dict:
         task="classify", model=str(pretrained), train=str(train), dev=str(need(DATA / "glue/SST-2/dev.tsv")),
         out=str(work / f"{arch}-sst2"), seq_len=64, batch_size=32, lr=1e-4, epochs=2, seed=0, progress=False),
         as_json=True)
-    return {"arch": arch, "pretrain_steps": steps, "pretrain_mlm_loss": round(summary["eval"]["mlm_loss"], 3),
+    pair = {k: round(v, 4) for k, v in summary["eval"].items() if k in ("nsp_acc", "sop_acc", "rtd_acc")}
+    return {"arch": arch, "objective": pretrained_objective(pretrained), **pair,
+            "pretrain_steps": steps, "pretrain_mlm_loss": round(summary["eval"]["mlm_loss"], 3),
             "pretrain_mlm_accuracy": round(summary["eval"]["mlm_acc"], 4), "pretrain_seconds": round(pretrain_s),
             "sst2_dev_accuracy": round(result["accuracy"], 4), "learns_the_task": result["accuracy"] >= LEARNS,
             "seconds": round(time.perf_counter() - started)}
+
+
+def pretrained_objective(run: Path) -> str:
+    return json.loads((run / "run_config.json").read_text(encoding="utf-8"))["objective"]
 
 
 def main() -> None:
@@ -58,10 +64,15 @@ def main() -> None:
     result = {"machine": machine(), "rule": f"learns the task: SST-2 dev accuracy >= {LEARNS}",
               "command": f"python -m benchmarks.family_finetune --archs {args.archs} --steps {args.steps} "
                          f"--rows {args.rows}", "rows": []}
+    # Rows of architectures not run now are kept from the last run (each row says its command).
+    previous = RESULTS / "family_finetune.json"
+    kept = json.loads(previous.read_text(encoding="utf-8"))["rows"] if previous.is_file() else []
     for arch in args.archs.split(","):
-        row = run(arch, work, corpus, train, args.steps)
+        row = {**run(arch, work, corpus, train, args.steps), "command": result["command"]}
+        kept = [r for r in kept if r["arch"] != arch]
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
+    result["rows"] = kept + result["rows"]
     print("saved", save("family_finetune", result))
 
 

@@ -95,6 +95,27 @@ def test_exact_resume_after_sigkill(tmp_path, corpus, tokenizer_dir, precision):
     assert [(r["step"], r.get("loss")) for r in rows_a] == [(r["step"], r.get("loss")) for r in rows_b]
 
 
+@pytest.mark.parametrize("arch, objective", [("electra", "rtd"), ("albert", "mlm+sop")])
+def test_family_recipes_resume_exactly(tmp_path, corpus, tokenizer_dir, arch, objective):
+    """ELECTRA's replaced-token detection (generator sampling included) and ALBERT's sentence order, killed with
+    SIGKILL and resumed, end bitwise equal to uninterrupted runs, as masked-LM does."""
+    steps = ["--arch", arch, "--objective", objective, "--max-steps", "8", "--save-every", "2", "--eval-every", "8",
+             "--precision", "fp32"]
+    whole = tmp_path / "whole"
+    done = cli(*base_args(corpus, tokenizer_dir, whole, *steps))
+    assert done.returncode == 0, done.stderr
+    killed = tmp_path / "killed"
+    kill_after_checkpoint(["pretrain", *base_args(corpus, tokenizer_dir, killed, *steps)], killed / "checkpoints",
+                          "step-*", seed=4, max_delay=0.5, OMP_NUM_THREADS="1")
+    assert cli(*base_args(corpus, tokenizer_dir, killed, *steps, "--resume")).returncode == 0
+    for sub in ("", "generator") if arch == "electra" else ("",):
+        a, b = weights(whole / sub), weights(killed / sub)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sub
+    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    part = "rtd_loss" if arch == "electra" else "sop_loss"
+    assert part in rows[0] and f"eval_{'rtd' if arch == 'electra' else 'sop'}_acc" in rows[-1]
+
+
 def test_resume_refuses_a_different_config(tmp_path, corpus, tokenizer_dir):
     out = tmp_path / "run"
     assert cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2")).returncode == 0
@@ -247,7 +268,7 @@ def test_two_runs_that_train_their_vocabulary_are_bitwise_equal(tmp_path, corpus
 # Each architecture pretrains from scratch with masked-LM on a new vocabulary of its own kind (WordPiece, byte-level
 # BPE, or SentencePiece Unigram with XLM-R's or ALBERT's specials), and writes what transformers' class loads.
 ARCHS = {"roberta": "RobertaForMaskedLM", "xlm-roberta": "XLMRobertaForMaskedLM", "distilbert": "DistilBertForMaskedLM",
-         "albert": "AlbertForMaskedLM", "electra": "ElectraForMaskedLM", "deberta-v2": "DebertaV2ForMaskedLM",
+         "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining", "deberta-v2": "DebertaV2ForMaskedLM",
          "modernbert": "ModernBertForMaskedLM"}
 TOKENIZER_CLASS = {"roberta": "RobertaTokenizer", "xlm-roberta": "XLMRobertaTokenizer",
                    "distilbert": "DistilBertTokenizer", "albert": "AlbertTokenizer", "electra": "ElectraTokenizer",
@@ -274,13 +295,25 @@ def test_pretrain_each_architecture(tmp_path, corpus, arch):
     ours = bertforge.AutoTokenizer.from_pretrained(out)
     enc = tok(["Doc1 alpha beta", "gamma"], padding=True, return_tensors="pt")
     assert enc["input_ids"].tolist() == ours(["Doc1 alpha beta", "gamma"], padding=True)["input_ids"]
+    auto = bertforge.AutoModelForPreTraining if arch in ("albert", "electra") else bertforge.AutoModelForMaskedLM
     with torch.no_grad():
-        theirs = model.eval()(**enc).logits
-        mine = bertforge.AutoModelForMaskedLM.from_pretrained(out)(**ours(["Doc1 alpha beta", "gamma"], padding=True,
-                                                                           return_tensors="pt")).logits
+        theirs = model.eval()(**enc)
+        mine = auto.from_pretrained(out)(**ours(["Doc1 alpha beta", "gamma"], padding=True, return_tensors="pt"))
     real = enc["attention_mask"].bool()
-    torch.testing.assert_close(mine[real], theirs[real], atol=1e-4, rtol=0)
+    if arch == "albert":  # ALBERT's own objective, MLM + sentence order: both heads' outputs as transformers'
+        torch.testing.assert_close(mine.prediction_logits[real], theirs.prediction_logits[real], atol=1e-4, rtol=0)
+        torch.testing.assert_close(mine.sop_logits, theirs.sop_logits, atol=1e-4, rtol=0)
+        summary_keys = json.loads((out / "pretrain_results.json").read_text())
+        assert "sop_acc" in json.dumps(summary_keys)
+    else:
+        torch.testing.assert_close(mine.logits[real], theirs.logits[real], atol=1e-4, rtol=0)
     assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == TOKENIZER_CLASS[arch]
+    if arch == "electra":  # its own objective, replaced-token detection: the generator is written beside it
+        generator = transformers.ElectraForMaskedLM.from_pretrained(out / "generator")
+        assert generator.config.hidden_size == config["hidden_size"] // 4
+        torch.testing.assert_close(generator.electra.embeddings.word_embeddings.weight,
+                                   model.electra.embeddings.word_embeddings.weight, atol=0, rtol=0)
+        assert "rtd_acc" in (out / "pretrain_results.json").read_text()
     if "roberta" in arch:
         assert config["max_position_embeddings"] == 514 and config["type_vocab_size"] == 1
     if arch == "distilbert":
@@ -296,6 +329,8 @@ def test_pretrain_each_architecture(tmp_path, corpus, arch):
     (["--arch", "gpt2"], "--arch: model_type 'gpt2' is not an architecture bertforge reads; supported: bert, roberta"),
     (["--arch", "roberta", "--objective", "mlm+nsp"], "--objective mlm+nsp is BERT's; roberta pretrains with --objective mlm"),
     (["--arch", "electra", "--objective", "mlm+nsp"], "--objective mlm+nsp is BERT's; electra pretrains"),
+    (["--arch", "bert", "--objective", "mlm+sop"], "--objective mlm+sop is ALBERT's; bert pretrains with --objective "
+                                                     "mlm or mlm+nsp"),
 ])
 def test_pretrain_architecture_refusals(tmp_path, corpus, args, message):
     out = tmp_path / "run"

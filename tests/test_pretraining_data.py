@@ -283,3 +283,60 @@ def test_whole_word_masking_takes_whole_words(tokenizer):
                 assert chosen[i] == chosen[i - 1]
         assert chosen.sum() <= min(collator.cap, max(1, round(len(ids) * 0.15)))
     assert split_words > 50  # the vocabulary really splits words into pieces
+
+
+# ----------------------------------------------------------------------------- ALBERT: sentence order, n-grams
+def test_sentence_order_pairs(shards, tokenizer):
+    """ALBERT's pairs: B is the rest of A's chunk, swapped half of the time (label 1, A after B in the document);
+    only one-sentence chunks take a random B from another document, as google-research/albert does."""
+    docs = np.arange(shards.num_documents)
+    bounds = np.concatenate([[0], shards.document_boundaries()])
+    rows = build_nsp_instances(shards.sentence_lengths(), bounds, docs, 64, 0.1, random.Random(0), sentence_order=True)
+    doc_of = np.searchsorted(bounds, rows[:, A_START], side="right") - 1
+    b_doc = np.searchsorted(bounds, rows[:, B_START], side="right") - 1
+    kept = rows[:, IS_RANDOM] == 0
+    swapped = (rows[:, IS_RANDOM] == 1) & (b_doc == doc_of)
+    assert (rows[kept, B_START] == rows[kept, A_END]).all() and (b_doc[kept] == doc_of[kept]).all()
+    assert (rows[swapped, A_START] == rows[swapped, B_END]).all()  # B's sentences come first in the document
+    random_b = (rows[:, IS_RANDOM] == 1) & (b_doc != doc_of)
+    assert (rows[random_b, A_END] - rows[random_b, A_START] == 1).all()  # only one-sentence chunks
+    assert 0.4 < swapped.sum() / (swapped.sum() + kept.sum()) < 0.6 and random_b.mean() < 0.2
+    examples = PretrainingExamples(shards, docs, tokenizer, 64, "mlm+sop", 0.1, seed=5)
+    ex = examples.example(0, 0)
+    assert "sentence_order_label" in ex and "next_sentence_label" not in ex
+    batch = MaskingCollator(tokenizer, 64)([examples.example(0, k) for k in range(8)], np.random.default_rng(0))
+    assert batch["sentence_order_label"].tolist() == [examples.example(0, k)["sentence_order_label"] for k in range(8)]
+
+
+def test_ngram_masking_takes_spans_of_whole_words(tokenizer):
+    """Spans of 1..3 whole words, lengths drawn with p(n) ~ 1/n, never overlapping, within the prediction budget."""
+    from bertforge.data.pretraining import ngram_positions
+
+    rng = np.random.default_rng(0)
+    words = [np.arange(i * 2, i * 2 + 1 + i % 2) for i in range(40)]  # words of one or two pieces, gaps between
+    lengths = []
+    for _ in range(300):
+        chosen = ngram_positions(words, 12, 3, rng)
+        assert len(chosen) <= 12 and len(set(chosen.tolist())) == len(chosen)
+        picked = [w for w in range(len(words)) if np.isin(words[w], chosen).any()]
+        for w in picked:
+            assert np.isin(words[w], chosen).all()  # a word is taken whole or not at all
+        runs, run = [], 1
+        for a, b in zip(picked, picked[1:]):
+            run = run + 1 if b == a + 1 else (runs.append(run) or 1)
+        runs.append(run)
+        lengths.extend(runs)
+    counts = np.bincount(lengths)
+    assert counts[1] > counts[2] > 0 and counts[3] > 0  # short spans most often (adjacent spans merge into longer runs)
+    collator = MaskingCollator(tokenizer, 64, MaskingConfig(ngram_mask=3))
+    batch = collator(sequences(tokenizer, n=100, seed=4), np.random.default_rng(5))
+    assert (batch["labels"] != -100).sum() > 0
+
+
+def test_word_starts_of_each_tokenizer_kind():
+    from bertforge.data.pretraining import word_continuations
+
+    pieces = {"▁the": 0, "▁cat": 1, "s": 2, "[CLS]": 3, **{f"▁w{i}": 4 + i for i in range(20)}}
+    assert word_continuations(pieces, len(pieces))[[0, 1, 2]].tolist() == [False, False, True]
+    wordpiece = {"the": 0, "cat": 1, "##s": 2}
+    assert word_continuations(wordpiece, 3).tolist() == [False, False, True]

@@ -206,20 +206,26 @@ class MaskingSettings:
 
     masked_lm_prob: float | None = setting(None, "fraction of tokens chosen for prediction (default: the "
                                                  "architecture's recipe, 0.15; ModernBERT's 0.3)")
-    mask_prob: float = setting(0.8, "of those, the fraction replaced by [MASK]")
-    random_prob: float = setting(0.1, "of those, the fraction replaced by a random token (the rest stay)")
+    mask_prob: float | None = setting(None, "of those, the fraction replaced by [MASK] (default 0.8; ELECTRA's "
+                                            "replaced-token detection 0.85)")
+    random_prob: float | None = setting(None, "of those, the fraction replaced by a random token, the rest staying "
+                                              "(default 0.1; replaced-token detection 0)")
     max_predictions: int | None = setting(None, "cap on predictions per sequence (default: ceil(seq_len x "
                                                 "masked_lm_prob))")
     wwm: bool = setting(False, "whole-word masking")
+    ngram_mask: int = setting(1, "mask spans of up to N whole words, span length n drawn with p(n) ~ 1/n (ALBERT's "
+                                 "n-gram masking uses 3); 1 masks single tokens (or words with --wwm)")
 
     def __post_init__(self) -> None:
         if self.masked_lm_prob is not None and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"{flag('masked_lm_prob')} must lie in (0, 1)")
         for name in ("mask_prob", "random_prob"):
-            if not 0 <= getattr(self, name) <= 1:
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{flag(name)} must lie in [0, 1]")
-        if self.mask_prob + self.random_prob > 1 + 1e-9:
+        if (self.mask_prob or 0) + (self.random_prob or 0) > 1 + 1e-9:
             raise ConfigError("mask_prob + random_prob (--mask-prob, --random-prob) must not exceed 1")
+        if not isinstance(self.ngram_mask, int) or self.ngram_mask < 1:
+            raise ConfigError(f"{flag('ngram_mask')} must be a positive integer")
         if self.max_predictions is not None and self.max_predictions < 1:
             raise ConfigError(f"{flag('max_predictions')} must be at least 1")
         _chain(self, MaskingSettings)
@@ -237,9 +243,14 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
     model: str | None = setting(None, "a preset (tiny ... large, L<n>-H<n>) or a checkpoint dir "
                                       "(default: tiny for the embedded corpus, else base)")
     arch: str | None = setting(None, "the architecture of a new model: bert, roberta, xlm-roberta, distilbert, albert, "
-                                     "electra or deberta-v2 (default bert; a --model checkpoint brings its own)")
-    objective: str | None = setting(None, "mlm+nsp (BERT's, its default) or mlm (RoBERTa's FULL-SENTENCES, the "
-                                          "default of every other architecture)")
+                                     "electra, deberta-v2 or modernbert (default bert; a --model checkpoint brings its "
+                                     "own)")
+    objective: str | None = setting(None, "mlm+nsp (BERT's, its default), mlm+sop (ALBERT's sentence order, its "
+                                          "default), rtd (ELECTRA's replaced-token detection, its default) or mlm "
+                                          "(RoBERTa's FULL-SENTENCES, the default of every other architecture)")
+    generator_size: float = setting(0.25, "rtd: the generator's hidden size, heads and feed-forward as a fraction "
+                                          "of the discriminator's")
+    rtd_weight: float = setting(50.0, "rtd: lambda, the weight of the discriminator's loss against the generator's")
     seq_len: int = setting(128, "tokens per example, [CLS] and [SEP] included")
     tokenizer: str | None = setting(None, "a directory with vocab.txt / tokenizer.json (default: train one)")
     vocab_size: int | None = setting(None, "size of a newly trained vocabulary (default 30522; 8000 for the "
@@ -269,8 +280,10 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
         if self.demo is None:
             self.demo = embedded
         super().__post_init__()
-        if self.objective not in (None, "mlm+nsp", "mlm"):
-            raise ConfigError(f"{flag('objective')} must be mlm+nsp or mlm, not {self.objective!r}")
+        if not 0 < self.generator_size <= 1 or not self.rtd_weight > 0:
+            raise ConfigError(f"{flag('generator_size')} must lie in (0, 1] and {flag('rtd_weight')} be positive")
+        if self.objective not in (None, *OBJECTIVES):
+            raise ConfigError(f"{flag('objective')} must be {', '.join(OBJECTIVES)}, not {self.objective!r}")
         if self.seq_len < 8:
             raise ConfigError(f"{flag('seq_len')} must be at least 8")
         if self.vocab_size < 10:
@@ -284,6 +297,9 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
 
 
 TASKS = ("classify", "regress", "ner", "qa")
+# Pretraining objectives: masked-LM alone, with a sentence-pair head (BERT's next sentence, ALBERT's order), or
+# ELECTRA's replaced-token detection (a generator and a discriminator).
+OBJECTIVES = ("mlm+nsp", "mlm+sop", "rtd", "mlm")
 
 
 @dataclass
@@ -312,6 +328,8 @@ class FinetuneConfig(TrainConfig):
     warmup: float = setting(0.1, "warmup: a fraction of the total steps if < 1, else a number of steps")
     save_every: int | None = setting(None, "steps between checkpoints (none: at the end only)")
 
+    required = ("model", "train", "dev")  # the settings a run cannot go without
+
     def __post_init__(self) -> None:
         if self.seq_len is None:
             self.seq_len = 384 if self.task == "qa" else 128  # SQuAD's usual window
@@ -320,7 +338,7 @@ class FinetuneConfig(TrainConfig):
             raise ConfigError(f"unknown task {self.task!r}; use one of {', '.join(TASKS)}")
         if self.backend == "jax" and self.task != "classify":  # JAX has the sequence-classification head only
             raise ConfigError(f"{flag('backend')} jax fine-tunes classify only, not {self.task}")
-        for name in ("model", "train", "dev"):
+        for name in self.required:
             if not getattr(self, name):
                 raise ConfigError(f"{flag(name)} is required")
         if self.truncation not in ("head", "tail", "head+tail"):
@@ -334,6 +352,41 @@ class FinetuneConfig(TrainConfig):
                 raise ConfigError(f"{flag('seeds')} must be comma-separated integers, not {self.seeds!r}") from None
             if not seeds:
                 raise ConfigError(f"{flag('seeds')} names no seed")
+
+
+DISTILL_TASKS = ("classify", "regress")
+
+
+@dataclass
+class DistillConfig(FinetuneConfig):
+    """Everything `bertforge distill` takes: fine-tuning's settings plus the teacher and the mix of losses."""
+
+    teacher: str = setting("", "a fine-tuned checkpoint directory (classify or regress) whose outputs the student learns")
+    model: str = setting("", "the student: a checkpoint directory or a preset (default: some of the teacher's "
+                             "layers, --student-layers)")
+    student_layers: str | None = setting(None, "the teacher's layers the student keeps: a count (evenly spaced from "
+                                                "the first: 3 of 6 is 0,2,4) or indices such as 0,2,4; default: every "
+                                                "other layer, as DistilBERT")
+    temperature: float = setting(2.0, "softmax temperature of the teacher's and student's soft targets (classify)")
+    alpha: float = setting(0.5, "weight of the loss on the teacher's outputs; 1 - alpha goes to the gold labels")
+    out: str = setting("bertforge-distill", "output directory")
+    required = ("teacher", "train", "dev")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.task not in DISTILL_TASKS:
+            raise ConfigError(f"distill {self.task}: task-specific distillation is built for "
+                              f"{' and '.join(DISTILL_TASKS)} (ner and qa are not yet)")
+        if self.model and self.student_layers:
+            raise ConfigError(f"{flag('student_layers')} picks the teacher's layers for the student; with "
+                              f"{flag('model')} the student is that model: give one of the two")
+        if not self.temperature > 0 or not 0 <= self.alpha <= 1:
+            raise ConfigError(f"{flag('temperature')} must be positive and {flag('alpha')} within [0, 1]")
+        if self.pack:
+            raise ConfigError(f"{flag('pack')} is not supported by distill: each example is matched with its "
+                              "teacher outputs row by row")
+        if self.backend == "jax":
+            raise ConfigError(f"{flag('backend')} jax does not distill; use torch")
 
 
 # ---------------------------------------------------------------------------- config files

@@ -16,7 +16,9 @@ def plot_curves(metrics_file: Path, out_png: Path, title: str = "training") -> P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    losses = [k for k in ("loss", "mlm_loss", "nsp_loss") if any(k in r for r in rows)]
+    # The total and its parts: MLM, NSP or sentence order, replaced-token detection, distillation's soft and gold.
+    parts = ("loss", "mlm_loss", "nsp_loss", "sop_loss", "rtd_loss", "soft_loss", "gold_loss")
+    losses = [k for k in parts if any(k in r for r in rows)]
     evals = sorted({k for r in rows for k in r if k.startswith("eval_") and ("loss" in k)})
     scores = sorted({k for r in rows for k in r if k.startswith("eval_") and ("acc" in k or "f1" in k or k.endswith("_corr"))})
     fig, axes = plt.subplots(1, 2 if scores else 1, figsize=(12 if scores else 7, 4.5), squeeze=False)

@@ -19,7 +19,7 @@ from ..constants import INFERENCE_BACKENDS
 from ..errors import BertforgeError
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
-from ..runconfig import TASKS, FinetuneConfig, PretrainConfig
+from ..runconfig import DISTILL_TASKS, TASKS, DistillConfig, FinetuneConfig, PretrainConfig
 from .build import command, settings_from
 
 app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -205,6 +205,26 @@ def finetune(task: Literal[TASKS], *, config: str | None = None, json: bool = Fa
     from ..training.finetune import run_finetune
 
     run_finetune(settings_from(FinetuneConfig, settings, config, ctx, task=task), as_json=json)
+
+
+@command(app, "distill", settings=DistillConfig)
+def distill(task: Literal[DISTILL_TASKS], *, config: str | None = None, json: bool = False,
+            ctx: typer.Context | None = None, **settings: Any) -> None:
+    """Distil a fine-tuned classifier or regressor into a smaller student.
+
+    The student (by default the teacher's every other layer, or --model) is trained on the
+    training file with the teacher's soft targets mixed with the gold labels (--alpha, at
+    --temperature), on fine-tuning's loop: evaluation every epoch, the best model kept, exact
+    resume. Reports the student's and the teacher's dev scores, sizes and speeds.
+
+    Args:
+        task: classify or regress
+        config: a JSON or YAML file of these settings (flags given here override it)
+        json: print the final summary as one JSON object
+    """
+    from ..training.distill import run_distill
+
+    run_distill(settings_from(DistillConfig, settings, config, ctx, task=task), as_json=json)
 
 
 @command(app, "evaluate")

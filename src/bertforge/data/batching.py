@@ -21,7 +21,7 @@ import torch
 from ..constants import IGNORE_INDEX
 from ..errors import InputError
 
-LABEL_KEYS = ("labels", "next_sentence_label", "start_positions", "end_positions")
+LABEL_KEYS = ("labels", "next_sentence_label", "sentence_order_label", "start_positions", "end_positions")
 
 
 def pack_bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:

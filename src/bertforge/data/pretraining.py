@@ -58,12 +58,17 @@ def truncate_pair_lengths(len_a: int, len_b: int, max_tokens: int, rng: random.R
 
 
 def build_nsp_instances(sentence_lengths: np.ndarray, doc_bounds: np.ndarray, docs: np.ndarray, max_seq_len: int,
-                        short_seq_prob: float, rng: random.Random) -> np.ndarray:
+                        short_seq_prob: float, rng: random.Random, sentence_order: bool = False) -> np.ndarray:
     """Sentence-pair instances for the documents `docs` (int64 [N, 9], columns A_START..IS_RANDOM).
 
     sentence_lengths: int64 [num_sentences]; doc_bounds: int64 [num_documents + 1], the global
     sentence range of document d is doc_bounds[d]:doc_bounds[d + 1]. Random B segments come
     from other documents of `docs`.
+
+    sentence_order: ALBERT's sentence-order pairs (google-research/albert's create_pretraining_data.py)
+    instead of next-sentence ones: B is always the rest of the chunk, and with probability 0.5 the two
+    are swapped (label 1: A is stored as the later span). As there, a chunk of one sentence still
+    takes a random B from another document, labelled 1.
     """
     max_tokens = max_seq_len - 3  # [CLS] A [SEP] B [SEP]
     lengths = sentence_lengths.tolist()
@@ -84,7 +89,7 @@ def build_nsp_instances(sentence_lengths: np.ndarray, doc_bounds: np.ndarray, do
                 n = i - chunk_start + 1
                 a_end = chunk_start + (rng.randint(1, n - 1) if n >= 2 else 1)
                 len_a = sum(lengths[chunk_start:a_end])
-                if n == 1 or rng.random() < 0.5:
+                if n == 1 or (not sentence_order and rng.random() < 0.5):
                     is_random = 1
                     target_b = target - len_a
                     other = doc
@@ -105,12 +110,53 @@ def build_nsp_instances(sentence_lengths: np.ndarray, doc_bounds: np.ndarray, do
                     is_random = 0
                     b_start, b_end = a_end, i + 1
                     len_b = sum(lengths[b_start:b_end])
+                a_start = chunk_start
+                if sentence_order and not is_random and rng.random() < 0.5:  # swapped: B's sentences first
+                    a_start, a_end, b_start, b_end, len_a, len_b = b_start, b_end, a_start, a_end, len_b, len_a
+                    is_random = 1
                 if len_a >= 1 and len_b >= 1:
                     cuts = truncate_pair_lengths(len_a, len_b, max_tokens, rng)
-                    rows.append((chunk_start, a_end, b_start, b_end, *cuts, is_random))
+                    rows.append((a_start, a_end, b_start, b_end, *cuts, is_random))
                 chunk_start, chunk_len = i + 1, 0
             i += 1
     return np.array(rows, dtype=np.int64).reshape(-1, 9)
+
+
+def word_continuations(vocab: dict[str, int], vocab_size: int) -> np.ndarray:
+    """bool [vocab_size]: the pieces that continue a word rather than start one, for whole-word and n-gram
+    masking. WordPiece marks continuations (`##ing`); SentencePiece (`▁word`) and byte-level BPE (`Ġword`)
+    mark word starts instead, so there every piece without the mark continues a word."""
+    out = np.zeros(vocab_size, dtype=bool)
+    marked = [m for m in ("\u2581", "\u0120") if sum(t.startswith(m) for t in vocab) > len(vocab) // 10]
+    for token, index in vocab.items():
+        if index >= vocab_size:
+            continue
+        out[index] = (not token.startswith(marked[0])) if marked else token.startswith("##")
+    return out
+
+
+def ngram_positions(words: list[np.ndarray], num: int, max_n: int, rng: np.random.Generator) -> np.ndarray:
+    """ALBERT's n-gram masking: visit the words in a random order; at each, draw a span length n in 1..max_n with
+    p(n) ~ 1/n (shortened where fewer words follow), take the n words from there, and fall back to shorter spans
+    while the span would pass `num` predictions; spans never overlap. Returns sorted positions (int64)."""
+    weights = 1.0 / np.arange(1, max_n + 1)
+    covered = np.zeros(int(max(w[-1] for w in words)) + 1, dtype=bool)
+    chosen: list[int] = []
+    for start in rng.permutation(len(words)):
+        if len(chosen) >= num:
+            break
+        longest = min(max_n, len(words) - start)
+        p = weights[:longest] / weights[:longest].sum()
+        n = int(rng.choice(np.arange(1, longest + 1), p=p))
+        span = np.concatenate(words[start:start + n])
+        while len(chosen) + len(span) > num and n > 1:  # try shorter spans before giving this start up
+            n -= 1
+            span = np.concatenate(words[start:start + n])
+        if len(chosen) + len(span) > num or covered[span].any():
+            continue
+        covered[span] = True
+        chosen.extend(span.tolist())
+    return np.sort(np.array(chosen, dtype=np.int64))
 
 
 class MaskingCollator:
@@ -130,33 +176,36 @@ class MaskingCollator:
         self.mask_id = tokenizer.mask_token_id
         self.pad_id = tokenizer.pad_token_id
         self.never_mask = np.array(sorted({tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}))
+        # The rate is the architecture's (`pretrain` fills it in); a collator built without one uses BERT's 15%.
+        c = self.config
+        self.rate = c.masked_lm_prob if c.masked_lm_prob is not None else 0.15
+        self.mask_prob = c.mask_prob if c.mask_prob is not None else 0.8
+        self.random_prob = c.random_prob if c.random_prob is not None else 0.1
         cap = self.config.max_predictions
-        self.cap = cap if cap is not None else math.ceil(max_seq_len * self.config.masked_lm_prob)
-        # WordPieces that continue a word ("##ing") for whole-word masking.
-        vocab = tokenizer.get_vocab()
-        self.is_continuation = np.zeros(self.vocab_size, dtype=bool)
-        for token, index in vocab.items():
-            if token.startswith("##") and index < self.vocab_size:
-                self.is_continuation[index] = True
+        self.cap = cap if cap is not None else math.ceil(max_seq_len * self.rate)
+        self.is_continuation = word_continuations(tokenizer.get_vocab(), self.vocab_size)
 
     def _choose(self, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Positions to predict in one sequence (int64 [k])."""
         candidates = np.flatnonzero(~np.isin(ids, self.never_mask))
-        num = min(self.cap, max(1, int(round(len(ids) * self.config.masked_lm_prob))))
+        num = min(self.cap, max(1, int(round(len(ids) * self.rate))))
         if len(candidates) == 0:
             return candidates
-        if not self.config.wwm:
+        if not self.config.wwm and self.config.ngram_mask == 1:
             return np.sort(rng.permutation(candidates)[:num])
-        # Group each word's pieces, shuffle the words, and take whole words while they fit.
+        # Group each word's pieces (a piece that continues a word joins the one before it, if adjacent).
         starts = candidates[~self.is_continuation[ids[candidates]] | (np.diff(candidates, prepend=-2) != 1)]
-        groups = np.split(candidates, np.searchsorted(candidates, starts[1:]))
+        words = np.split(candidates, np.searchsorted(candidates, starts[1:]))
+        if self.config.ngram_mask > 1:
+            return ngram_positions(words, num, self.config.ngram_mask, rng)
+        # Whole-word masking: shuffle the words, and take whole words while they fit.
         chosen: list[int] = []
-        for g in rng.permutation(len(groups)):
+        for g in rng.permutation(len(words)):
             if len(chosen) >= num:
                 break
-            if len(chosen) + len(groups[g]) > num:
+            if len(chosen) + len(words[g]) > num:
                 continue
-            chosen.extend(groups[g].tolist())
+            chosen.extend(words[g].tolist())
         return np.sort(np.array(chosen, dtype=np.int64))
 
     def __call__(self, examples: list[dict], rng: np.random.Generator) -> dict[str, torch.Tensor]:
@@ -172,11 +221,11 @@ class MaskingCollator:
             labels[positions] = ids[positions]
             roll = rng.random(len(positions))
             masked = ids.copy()
-            masked[positions[roll < self.config.mask_prob]] = self.mask_id
-            random_at = positions[(roll >= self.config.mask_prob) & (roll < self.config.mask_prob + self.config.random_prob)]
+            masked[positions[roll < self.mask_prob]] = self.mask_id
+            random_at = positions[(roll >= self.mask_prob) & (roll < self.mask_prob + self.random_prob)]
             masked[random_at] = rng.integers(0, self.vocab_size, len(random_at))
             feature = {"input_ids": masked, "labels": labels}
-            for key in ("token_type_ids", "next_sentence_label"):  # collate fills missing segment ids with 0
+            for key in ("token_type_ids", "next_sentence_label", "sentence_order_label"):  # (missing segments: 0)
                 if key in example:
                     feature[key] = example[key]
             features.append(feature)
@@ -188,7 +237,7 @@ class PretrainingExamples:
 
     def __init__(self, shards: TokenShards, docs: np.ndarray, tokenizer: Tokenizer, max_seq_len: int,
                  objective: str = "mlm+nsp", short_seq_prob: float = 0.1, seed: int = 0) -> None:
-        if objective not in ("mlm+nsp", "mlm"):
+        if objective not in ("mlm+nsp", "mlm+sop", "mlm"):
             raise ValueError(f"unknown objective {objective!r}")
         self.shards, self.docs, self.objective = shards, docs, objective
         self.max_seq_len, self.short_seq_prob, self.seed = max_seq_len, short_seq_prob, seed
@@ -204,10 +253,10 @@ class PretrainingExamples:
     def instances(self, epoch: int) -> np.ndarray:
         """This epoch's instances: pairs are re-drawn each epoch (like google's dupe_factor), blocks are fixed."""
         if self._epoch != epoch:
-            if self.objective == "mlm+nsp":
+            if self.objective != "mlm":
                 rng = random.Random(f"{self.seed}-pairs-{epoch}")
                 self._instances = build_nsp_instances(self._lengths, self._bounds, self.docs, self.max_seq_len,
-                                                      self.short_seq_prob, rng)
+                                                      self.short_seq_prob, rng, self.objective == "mlm+sop")
             else:
                 block = self.max_seq_len - 2
                 total = int(self._doc_offsets[-1])
@@ -227,7 +276,8 @@ class PretrainingExamples:
         b = b[row[B_FRONT]: len(b) - row[B_BACK]]
         ids = np.concatenate([[self.cls], a, [self.sep], b, [self.sep]])
         types = np.concatenate([np.zeros(len(a) + 2, dtype=np.int64), np.ones(len(b) + 1, dtype=np.int64)])
-        return {"input_ids": ids, "token_type_ids": types, "next_sentence_label": int(row[IS_RANDOM])}
+        label = "sentence_order_label" if self.objective == "mlm+sop" else "next_sentence_label"
+        return {"input_ids": ids, "token_type_ids": types, label: int(row[IS_RANDOM])}
 
     def _stream(self, start: int, end: int) -> np.ndarray:
         """[CLS] + stream[start:end] + [SEP], where the stream is the documents joined by [SEP]."""

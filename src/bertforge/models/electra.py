@@ -17,19 +17,28 @@ checkpoint reader must know:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import NameTable
+from .base import NameTable, PreTrainedModel
 from .bert import HF_NAMES as BERT_NAMES
 from .bert import BertModel
 from .config import BertConfig
-from .heads import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
-                    BertForTokenClassification, ClassificationHead, HeadModel, HeadOutput)
+from .heads import (
+    BertForMaskedLM,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    ClassificationHead,
+    HeadModel,
+    HeadOutput,
+)
 from .layers import activation
 
 _MULTIPLE_CHOICE = "used only by ElectraForMultipleChoice, which bertforge does not build"
@@ -164,3 +173,83 @@ HF_NAMES = NameTable(
     derived=r"(^|\.)embeddings\.position_ids$|(^|\.)embeddings\.token_type_ids$",
     tied_decoder="generator_lm_head.weight",
 )
+
+
+@dataclass
+class ReplacedTokenOutput:
+    """What ELECTRA's joint pretraining step returns.
+
+    loss: mlm_loss + rtd_weight * rtd_loss; logits: the generator's, float [N, V] at the N masked positions;
+    rtd_logits: the discriminator's, float [B, T]; rtd_labels: long [B, T], 1 where the token was replaced.
+    """
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    mlm_loss: torch.Tensor
+    rtd_loss: torch.Tensor
+    rtd_logits: torch.Tensor
+    rtd_labels: torch.Tensor
+
+
+class ElectraReplacedTokenDetection(nn.Module):
+    """ELECTRA's pretraining (Clark et al., 2020): a small masked-LM generator and the discriminator, trained together.
+
+    The generator fills the masked positions with tokens sampled from its own distribution (not its argmax,
+    and with no gradient through the sampling); the discriminator sees the result and scores every real
+    token as original or replaced (a sampled token equal to the original counts as original). The loss is
+    the generator's MLM loss plus `rtd_weight` (lambda, 50 in the paper) times the discriminator's. The two
+    share their embeddings module (tokens, positions, segments and its LayerNorm), as ELECTRA shares
+    them, so the generator's tied decoder is the discriminator's word embeddings too.
+    """
+
+    def __init__(self, discriminator: ElectraForPreTraining, generator: ElectraForMaskedLM,
+                 rtd_weight: float = 50.0) -> None:
+        super().__init__()
+        if generator.config.embedding_size != discriminator.config.embedding_size:
+            raise ValueError("the generator must embed at the discriminator's embedding_size to share its embeddings")
+        self.discriminator, self.generator, self.rtd_weight = discriminator, generator, rtd_weight
+        generator.backbone.embeddings = discriminator.backbone.embeddings  # one module: shared, not copied
+        self.config = discriminator.config
+
+    @staticmethod
+    def generator_config(config: ElectraConfig, size: float) -> ElectraConfig:
+        """The generator's shape, as ELECTRA's `get_generator_config`: the discriminator's hidden size, heads and
+        feed-forward times `size` (heads at least one), its depth and embedding width."""
+        hidden = max(1, round(config.hidden_size * size))
+        heads = max(1, round(config.num_attention_heads * size))
+        while hidden % heads:
+            heads -= 1
+        return dataclasses.replace(config, hidden_size=hidden, num_attention_heads=heads,
+                                   intermediate_size=max(1, round(config.intermediate_size * size)))
+
+    def num_parameters(self) -> int:
+        """Every parameter once (the shared embeddings counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def checkpoint_parts(self) -> dict[str, PreTrainedModel]:
+        """The models a directory of this pair holds, by subfolder: the discriminator at its top, the generator in
+        `generator/` (what `save_pretrained` writes and training checkpoints read back)."""
+        return {"": self.discriminator, "generator": self.generator}
+
+    def save_pretrained(self, path: str | Path, tokenizer: Any = None) -> None:
+        for sub, part in self.checkpoint_parts().items():
+            part.save_pretrained(Path(path) / sub, tokenizer=tokenizer)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> ReplacedTokenOutput:
+        """input_ids: long [B, T], the masked input; labels: long [B, T], the original ids at masked positions and
+        -100 elsewhere (the masked-LM collator's)."""
+        generated = self.generator(input_ids, token_type_ids, attention_mask, labels=labels, position_ids=position_ids)
+        masked = labels != -100
+        corrupted = input_ids.clone()
+        if bool(masked.any()):
+            with torch.no_grad():  # sampling is not differentiable: nothing flows back through it
+                sampled = torch.multinomial(torch.softmax(generated.logits.detach().float(), dim=-1), 1).squeeze(-1)
+            corrupted[masked] = sampled
+        original = torch.where(masked, labels, input_ids)
+        replaced = (corrupted != original).long()
+        judged = self.discriminator(corrupted, token_type_ids, attention_mask, labels=replaced,
+                                    position_ids=position_ids)
+        return ReplacedTokenOutput(generated.loss + self.rtd_weight * judged.loss, generated.logits, generated.loss,
+                                   judged.loss, judged.logits, replaced)

@@ -19,6 +19,11 @@ from ..data.pretraining import MaskingCollator, PretrainingExamples
 from ..data.shards import TokenShards
 from ..errors import BertforgeError
 from ..interop.hf import family_of, load_pretrained, read_config
+from ..models.electra import (
+    ElectraForMaskedLM,
+    ElectraForPreTraining,
+    ElectraReplacedTokenDetection,
+)
 from ..models.registry import family
 from ..runconfig import PretrainConfig
 from ..tokenization.tokenizer import Tokenizer
@@ -50,8 +55,10 @@ class PretrainingTask:
     def loss(self, model, batch):
         out = model(**batch)
         parts = {"mlm_loss": out.mlm_loss.detach()} if hasattr(out, "mlm_loss") else {"mlm_loss": out.loss.detach()}
-        if getattr(out, "nsp_loss", None) is not None:
-            parts["nsp_loss"] = out.nsp_loss.detach()
+        if hasattr(out, "rtd_loss"):  # ELECTRA: the discriminator's loss, unweighted
+            parts["rtd_loss"] = out.rtd_loss.detach()
+        if getattr(out, "nsp_loss", None) is not None:  # ALBERT's sentence-order loss, under its own name
+            parts["sop_loss" if "sentence_order_label" in batch else "nsp_loss"] = out.nsp_loss.detach()
         return out.loss, parts
 
     def evaluate(self, model) -> dict[str, float]:
@@ -61,7 +68,7 @@ class PretrainingTask:
         device = next(model.parameters()).device
         instances = self.held_out.instances(0)
         order = np.random.default_rng([self.seed, 13]).permutation(len(instances))
-        nll = correct = predicted = nsp_correct = nsp_total = 0.0
+        nll = correct = predicted = nsp_correct = nsp_total = rtd_correct = rtd_total = rtd_loss = 0.0
         for b in range(self.eval_batches):
             rows = order[b * self.batch_size:(b + 1) * self.batch_size]
             if len(rows) == 0:
@@ -73,21 +80,31 @@ class PretrainingTask:
             nll += torch.nn.functional.cross_entropy(out.logits.float(), targets, reduction="sum").item()
             correct += (out.logits.argmax(-1) == targets).sum().item()
             predicted += targets.numel()
+            if hasattr(out, "rtd_logits"):  # every real token, original or replaced
+                real = batch["attention_mask"].bool()
+                rtd_correct += ((out.rtd_logits[real] > 0).long() == out.rtd_labels[real]).sum().item()
+                rtd_total += real.sum().item()
+                rtd_loss += out.rtd_loss.item() * real.sum().item()
+            pair_label = "sentence_order_label" if "sentence_order_label" in batch else "next_sentence_label"
             if getattr(out, "nsp_logits", None) is not None:
-                nsp_correct += (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum().item()
+                nsp_correct += (out.nsp_logits.argmax(-1) == batch[pair_label]).sum().item()
                 nsp_total += len(rows)
         result = {"mlm_loss": nll / max(1, predicted), "mlm_acc": correct / max(1, predicted)}
         result["perplexity"] = math.exp(min(result["mlm_loss"], 50))
+        if rtd_total:
+            result["rtd_loss"], result["rtd_acc"] = rtd_loss / rtd_total, rtd_correct / rtd_total
         if nsp_total:
-            result["nsp_acc"] = nsp_correct / nsp_total
+            result["sop_acc" if self.train.objective == "mlm+sop" else "nsp_acc"] = nsp_correct / nsp_total
         return result
 
 
 def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
     """The model to pretrain: --model's checkpoint, or a new --arch model of a preset size (both resolved by
     `training.pretrain.resolve_architecture`), with its pretraining heads (MLM + NSP) or masked-LM alone."""
-    kind = "pretraining" if cfg.objective == "mlm+nsp" else "masked-lm"
+    kind = "pretraining" if cfg.objective in ("mlm+nsp", "mlm+sop") else "masked-lm"
     name = cfg.model or ("base" if cfg.corpus else "tiny")
+    if cfg.objective == "rtd":
+        return _replaced_token_detection(cfg, name, tokenizer)
     if Path(name).is_dir():
         model = load_pretrained(family_of(name).head(kind), name)
         if model.config.vocab_size < tokenizer.vocab_size:
@@ -99,6 +116,27 @@ def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
         model = row.head(kind)(config)
     _check_seq_len(cfg, model.config)
     return model
+
+
+def _replaced_token_detection(cfg: PretrainConfig, name: str, tokenizer: Tokenizer) -> ElectraReplacedTokenDetection:
+    """ELECTRA's generator and discriminator: a new pair of a preset size (the generator --generator-size of it), or
+    a pretrained discriminator directory with its generator in generator/ (a new one when that is absent)."""
+    if Path(name).is_dir():
+        discriminator = load_pretrained(ElectraForPreTraining, name)
+        generator_dir = Path(name) / "generator"
+        generator = (load_pretrained(ElectraForMaskedLM, generator_dir) if generator_dir.is_dir() else
+                     ElectraForMaskedLM(ElectraReplacedTokenDetection.generator_config(discriminator.config,
+                                                                                       cfg.generator_size)))
+    else:
+        config = family("electra").config.from_preset(name, vocab_size=tokenizer.vocab_size,
+                                                      pad_token_id=tokenizer.pad_token_id)
+        discriminator = ElectraForPreTraining(config)
+        generator = ElectraForMaskedLM(ElectraReplacedTokenDetection.generator_config(config, cfg.generator_size))
+    if discriminator.config.vocab_size < tokenizer.vocab_size:
+        raise BertforgeError(f"{name}: vocab_size {discriminator.config.vocab_size} is smaller than the tokenizer's "
+                             f"{tokenizer.vocab_size}")
+    _check_seq_len(cfg, discriminator.config)
+    return ElectraReplacedTokenDetection(discriminator, generator, cfg.rtd_weight)
 
 
 def check_model(cfg: PretrainConfig) -> None:
@@ -126,12 +164,14 @@ def build(cfg: PretrainConfig, shards: TokenShards, tokenizer: Tokenizer, source
     """(model, task) for pretraining on `shards`; `source` names the corpus in error messages."""
     model = _model(cfg, tokenizer)
     train_docs, eval_docs = _split(shards, cfg)
-    if cfg.objective == "mlm+nsp" and len(train_docs) < 2:
+    if cfg.objective != "mlm" and len(train_docs) < 2:
         raise BertforgeError(f"{source}: {shards.num_documents} document(s), too few to build sentence pairs: NSP "
                              "needs at least two documents (separate them with blank lines, or use --objective mlm)")
 
     def examples(docs: np.ndarray) -> PretrainingExamples:
-        return PretrainingExamples(shards, docs, tokenizer, cfg.seq_len, cfg.objective, cfg.short_seq_prob, cfg.seed)
+        # Replaced-token detection reads the masked-LM blocks: its data is masked-LM's, its model is not.
+        data = "mlm" if cfg.objective == "rtd" else cfg.objective
+        return PretrainingExamples(shards, docs, tokenizer, cfg.seq_len, data, cfg.short_seq_prob, cfg.seed)
 
     collator = MaskingCollator(tokenizer, cfg.seq_len, cfg, pack_to=cfg.seq_len if cfg.pack else None)
     task = PretrainingTask(examples(train_docs), examples(eval_docs) if len(eval_docs) >= 2 else None, collator,

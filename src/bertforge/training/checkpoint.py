@@ -132,9 +132,12 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         tensors = torch.load(path / "training_state.pt", map_location="cpu", weights_only=True)
     except (OSError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc})") from None
-    report = from_hf_state_dict(model, read_weights(path / "model.safetensors"), source=str(path))
-    if report.missing_keys:
-        raise CheckpointError(f"{path}: checkpoint lacks {', '.join(report.missing_keys[:3])}")
+    # A model of several parts (ELECTRA's generator and discriminator) keeps each in its own subfolder.
+    parts = model.checkpoint_parts() if hasattr(model, "checkpoint_parts") else {"": model}
+    for sub, part in parts.items():
+        report = from_hf_state_dict(part, read_weights(path / sub / "model.safetensors"), source=str(path / sub))
+        if report.missing_keys:
+            raise CheckpointError(f"{path / sub}: checkpoint lacks {', '.join(report.missing_keys[:3])}")
     optimizer.load_state_dict(tensors["optimizer"])
     torch.set_rng_state(tensors["torch_rng"])
     if "cuda_rng" in tensors and torch.cuda.is_available():

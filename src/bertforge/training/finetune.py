@@ -13,6 +13,7 @@ import json
 import shutil
 import statistics
 from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,16 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     tokenizer = _load_tokenizer(cfg)
     model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
+    results = train_and_export(cfg, out, model, task, tokenizer)
+    (out / "eval_results.json").write_text(dumps(results, indent=2) + "\n", encoding="utf-8")
+    return results
+
+
+def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, task: Any, tokenizer: Tokenizer,
+                     title: str | None = None) -> dict[str, Any]:
+    """Train `model` on `task` with the run's settings, keep the best by the task's metric, write it to `out` in
+    the Hugging Face layout (with the tokenizer) and its curves; returns the selected model's results.
+    Shared by `finetune` and `distill`."""
     save_run_config(out, cfg)
     # Evaluate every epoch unless --eval-every says otherwise; keep the best model by the task's metric.
     train_cfg = TrainConfig.of(cfg, out=str(out), eval_each_epoch=not cfg.eval_every,
@@ -74,12 +85,11 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     from ..viz import plot_curves
 
-    plot_curves(out / "metrics.jsonl", out / "curves.png", title=f"fine-tuning ({cfg.task})")
+    plot_curves(out / "metrics.jsonl", out / "curves.png", title=title or f"fine-tuning ({cfg.task})")
     results = {"task": cfg.task, "metric": task.main_metric, "selected_step": summary["best_step"],
                **(summary["best_metrics"] or summary["eval"]), "seconds": round(summary["elapsed"], 1)}
     if summary.get("compile_seconds") is not None:  # --backend jax: the step's one-off compile, within seconds
         results["compile_seconds"] = round(summary["compile_seconds"], 1)
-    (out / "eval_results.json").write_text(dumps(results, indent=2) + "\n", encoding="utf-8")
     return results
 
 
@@ -89,23 +99,30 @@ def run_finetune(cfg: FinetuneConfig, as_json: bool = True) -> dict[str, Any]:
     The result is printed at the end: one JSON object with `as_json`, else a readable block.
     """
     _load_tokenizer(cfg)  # a missing model or tokenizer is refused before --out is touched
+    return run_seeds(cfg, _run_one, as_json, "fine-tuning")
+
+
+def run_seeds(cfg: FinetuneConfig, run_one: Callable[[Any, Path], dict[str, Any]], as_json: bool,
+              what: str) -> dict[str, Any]:
+    """`run_one(cfg, out)` once in --out, or once per --seeds in OUT/seed-N with the mean and std of every
+    figure in OUT/eval_results.json (finetune's and distill's)."""
     out = claim_output(cfg, extra=("seed-*",))
     if not cfg.seeds:
-        result = _run_one(cfg, out)
-        report(result, as_json, title=f"fine-tuning done: the model is in {out}/")
+        result = run_one(cfg, out)
+        report(result, as_json, title=f"{what} done: the model is in {out}/")
         return result
     seeds = [int(s) for s in cfg.seeds.split(",") if s.strip()]
     runs = []
     for seed in seeds:
-        one = FinetuneConfig(**{**asdict(cfg), "seed": seed, "seeds": None})
-        runs.append(_run_one(one, out / f"seed-{seed}"))
+        one = type(cfg)(**{**asdict(cfg), "seed": seed, "seeds": None})
+        runs.append(run_one(one, out / f"seed-{seed}"))
         report({"seed": seed, **runs[-1]}, as_json, title=f"seed {seed}: the model is in {out / f'seed-{seed}'}/")
     keys = [k for k, v in runs[0].items() if isinstance(v, float)]
     summary = {"task": cfg.task, "seeds": seeds,
                **{k: {"mean": statistics.mean(r[k] for r in runs),
                       "std": statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0} for k in keys}}
     (out / "eval_results.json").write_text(dumps(summary, indent=2) + "\n", encoding="utf-8")
-    report(summary, as_json, title=f"fine-tuning done over {len(seeds)} seeds (mean and std)")
+    report(summary, as_json, title=f"{what} done over {len(seeds)} seeds (mean and std)")
     return summary
 
 

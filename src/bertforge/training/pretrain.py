@@ -30,6 +30,7 @@ from ..data.shards import (
 from ..errors import BertforgeError
 from ..interop.hf import family_of, save_pretrained
 from ..jsonfile import dumps
+from ..models.electra import ElectraReplacedTokenDetection
 from ..models.registry import family
 from ..runconfig import PretrainConfig, TrainConfig
 from ..tasks.pretraining import build, check_model
@@ -100,6 +101,9 @@ def _tokenizer(cfg: PretrainConfig) -> Tokenizer:
                            show_progress=cfg.progress)
 
 
+# Each architecture's own pretraining objective where it is not masked-LM alone: BERT's next-sentence prediction,
+# ALBERT's sentence-order prediction.
+OWN_OBJECTIVE = {"bert": "mlm+nsp", "albert": "mlm+sop", "electra": "rtd"}
 # The masked-LM rate of each architecture's published recipe, where it is not BERT's 15%.
 MASKING_RATE = {"modernbert": 0.3}
 KIND_NAMES = {"wordpiece": "WordPiece", "bpe": "byte-level BPE", "unigram": "SentencePiece Unigram"}
@@ -119,11 +123,18 @@ def resolve_architecture(cfg: PretrainConfig) -> None:
     if cfg.masked_lm_prob is None:  # ModernBERT's recipe masks 30% of tokens; BERT's and the others' 15%
         cfg.masked_lm_prob = MASKING_RATE.get(row.model_type, 0.15)
     if cfg.objective is None:
-        cfg.objective = "mlm+nsp" if row.model_type == "bert" else "mlm"
-    if cfg.objective == "mlm+nsp" and row.model_type != "bert":
-        raise BertforgeError(f"--objective mlm+nsp is BERT's; {row.model_type} pretrains with --objective mlm here "
-                             "(ALBERT's sentence order, ELECTRA's replaced-token detection and distillation are "
-                             "not built yet)")
+        cfg.objective = OWN_OBJECTIVE.get(row.model_type, "mlm")
+    allowed = {"mlm", OWN_OBJECTIVE.get(row.model_type, "mlm")}
+    if cfg.objective not in allowed:
+        owner = {"mlm+nsp": "BERT's", "mlm+sop": "ALBERT's", "rtd": "ELECTRA's"}[cfg.objective]
+        raise BertforgeError(f"--objective {cfg.objective} is {owner}; {row.model_type} pretrains with --objective "
+                             f"{' or '.join(sorted(allowed))} here")
+    if cfg.mask_prob is None:  # ELECTRA masks with [MASK] 85% of the time and keeps the original otherwise
+        cfg.mask_prob = 0.85 if cfg.objective == "rtd" else 0.8
+    if cfg.random_prob is None:
+        cfg.random_prob = 0.0 if cfg.objective == "rtd" else 0.1
+    if cfg.mask_prob + cfg.random_prob > 1 + 1e-9:
+        raise BertforgeError(f"--mask-prob {cfg.mask_prob} and --random-prob {cfg.random_prob} add up to more than 1")
 
 
 def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
@@ -144,6 +155,7 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
     run_info = {"model_config": model.config.to_dict(), "objective": cfg.objective, "seq_len": cfg.seq_len,
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "lr": cfg.lr, "warmup": cfg.warmup,
                 "weight_decay": cfg.weight_decay, "optimizer": cfg.optimizer, "seed": cfg.seed, "wwm": cfg.wwm,
+                "ngram_mask": cfg.ngram_mask,
                 "masking": [cfg.masked_lm_prob, cfg.mask_prob, cfg.random_prob, cfg.max_predictions],
                 "world_size": dist.world_size(), "precision": cfg.precision, "pack": cfg.pack,
                 "data": tokenizer_fingerprint(tokenizer), "data_tokens": shards.num_tokens}
@@ -160,7 +172,10 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
     if summary.get("compile_seconds") is not None:
         print(f"jax: the step compiled in {summary['compile_seconds']:.1f} s", flush=True)
     if dist.is_main():
-        save_pretrained(model, out, tokenizer=tokenizer)
+        if isinstance(model, ElectraReplacedTokenDetection):  # the discriminator in --out, the generator in generator/
+            model.save_pretrained(out, tokenizer=tokenizer)
+        else:
+            save_pretrained(model, out, tokenizer=tokenizer)
         from ..viz import plot_curves
 
         plot_curves(out / "metrics.jsonl", out / "curves.png", title="pretraining")

@@ -25,7 +25,7 @@ from ..lockfile import LOCK_NAME, check_not_in_use, lock_directory
 from ..runconfig import saved_settings
 from . import distributed as dist
 
-RUN_FILES = ("checkpoints", "best", "metrics.jsonl", "curves.png", "run_config.json", "pretrain_results.json",
+RUN_FILES = ("checkpoints", "best", "generator", "metrics.jsonl", "curves.png", "run_config.json", "pretrain_results.json",
              "eval_results.json", "config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
              "tokenizer_config.json", "special_tokens_map.json")
 """What a run may have written in its output directory, and so what `--overwrite` may remove."""

@@ -1,0 +1,183 @@
+"""`bertforge distill`: the student's layers, the loss and its temperature, the teacher's outputs cache, and a
+run end to end (tiny models, a slice of SST-2; offline)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import perturbed, shared
+from test_finetune import run, slice_file
+
+from bertforge.errors import BertforgeError, ConfigError
+from bertforge.models.config import BertConfig
+from bertforge.models.heads import BertForSequenceClassification
+from bertforge.runconfig import DistillConfig
+from bertforge.tasks.classification import ClassificationTask
+from bertforge.training.distill import (
+    DistillationTask,
+    cut_down,
+    student_layers,
+    teacher_outputs,
+)
+
+
+@pytest.mark.parametrize("spec, layers, expected", [
+    (None, 6, [0, 2, 4]), (None, 12, [0, 2, 4, 6, 8, 10]), ("3", 6, [0, 2, 4]), ("2", 6, [0, 3]),
+    ("4", 12, [0, 3, 6, 9]), ("0,5", 6, [0, 5]), ("1", 2, [0]),
+])
+def test_student_layers(spec, layers, expected):
+    assert student_layers(spec, layers) == expected
+
+
+@pytest.mark.parametrize("spec, message", [("6", "keep between 1 and 5"), ("2,1", "increasing indices"),
+                                           ("0,6", "increasing indices"), ("x", "a count or comma-separated")])
+def test_student_layers_refused(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        student_layers(spec, 6)
+
+
+def classifier(layers: int = 4) -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=40, max_position_embeddings=32, id2label={0: "neg", 1: "pos"},
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return perturbed(BertForSequenceClassification(config))
+
+
+def test_the_cut_down_student_is_the_teacher_s_chosen_layers():
+    """Kept layers carry the teacher's weights, renumbered; everything else (embeddings, pooler, classifier) is
+    the teacher's. Keeping every layer gives the teacher's outputs."""
+    teacher = classifier()
+    student = cut_down(teacher, [0, 3])
+    assert student.config.num_hidden_layers == 2 and teacher.config.num_hidden_layers == 4
+    ours, theirs = student.state_dict(), teacher.state_dict()
+    assert torch.equal(ours["bert.layers.1.ffn.up.weight"], theirs["bert.layers.3.ffn.up.weight"])
+    assert torch.equal(ours["classifier.weight"], theirs["classifier.weight"])
+    assert torch.equal(ours["bert.embeddings.word.weight"], theirs["bert.embeddings.word.weight"])
+    assert ours["bert.layers.0.ffn.up.weight"].data_ptr() != theirs["bert.layers.0.ffn.up.weight"].data_ptr()
+    ids = torch.randint(3, 60, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(cut_down(teacher, [0, 1, 2, 3]).eval()(ids).logits, teacher(ids).logits)
+
+
+def test_albert_cannot_be_cut_down():
+    from bertforge.models.albert import AlbertConfig, AlbertForSequenceClassification
+
+    model = AlbertForSequenceClassification(AlbertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=4,
+                                                         num_attention_heads=2, intermediate_size=40,
+                                                         embedding_size=16))
+    with pytest.raises(BertforgeError, match="ALBERT shares one block"):
+        cut_down(model, [0, 2])
+
+
+def small_task(features, regression: bool = False) -> ClassificationTask:
+    return ClassificationTask(features, features[:4], 4, 0, 0, id2label={0: "neg", 1: "pos"}, regression=regression)
+
+
+def features(n: int = 10, regression: bool = False) -> list[dict]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(n):
+        ids = [1, *torch.randint(3, 60, (3 + i % 5,), generator=g).tolist(), 2]
+        out.append({"input_ids": ids, "token_type_ids": [0] * len(ids), "labels": float(i % 3) if regression else i % 2})
+    return out
+
+
+def test_teacher_outputs_are_cached_in_feature_order():
+    teacher = classifier().eval()
+    task = small_task(features())
+    cached = teacher_outputs(teacher, task)
+    assert cached.shape == (10, 2)
+    for i in (0, 3, 9):
+        ids = torch.tensor([task.train[i]["input_ids"]])
+        with torch.no_grad():
+            torch.testing.assert_close(cached[i], teacher(ids).logits[0], atol=1e-5, rtol=0)
+
+
+def test_loss_mixes_temperature_scaled_soft_targets_and_gold_labels():
+    """alpha 0 is fine-tuning's loss; alpha 1 is T^2 KL between the softened distributions; a student equal to
+    its teacher has no soft loss; the batch carries each row's own teacher outputs."""
+    teacher, student = classifier().eval(), classifier(2).train()
+    task = small_task(features())
+    cached = teacher_outputs(teacher, task)
+    for alpha, T in ((0.0, 2.0), (1.0, 2.0), (1.0, 4.0), (0.3, 1.0)):
+        distilled = DistillationTask(task, cached, T, alpha)
+        batch = distilled.micro_batch(0, 1)
+        rows = distilled.epoch_order(0)[4:8]
+        assert torch.equal(batch["teacher_logits"], cached[torch.as_tensor(rows)])
+        t = batch["teacher_logits"].clone()
+        torch.manual_seed(0)
+        loss, parts = distilled.loss(student, dict(batch))
+        inputs = {k: v for k, v in batch.items() if k != "teacher_logits"}
+        torch.manual_seed(0)
+        out = student(**inputs)
+        p, log_q = F.softmax(t / T, -1), F.log_softmax(out.logits / T, -1)
+        kl = (p * (p.log() - log_q)).sum(-1).mean() * T * T
+        torch.testing.assert_close(parts["soft_loss"], kl.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss, alpha * kl + (1 - alpha) * out.loss, atol=1e-5, rtol=1e-5)
+    same = DistillationTask(task, cached, 2.0, 1.0)
+    loss, _ = same.loss(teacher, dict(same.micro_batch(0, 0)))
+    assert abs(float(loss.detach())) < 1e-5
+
+
+def test_regression_distils_with_mean_squared_error():
+    teacher, student = classifier().eval(), classifier(2).train()
+    for m in (teacher, student):
+        m.config.num_labels = 1
+        m.classifier = torch.nn.Linear(32, 1)
+    task = small_task(features(regression=True), regression=True)
+    distilled = DistillationTask(task, teacher_outputs(teacher, task), 2.0, 1.0)
+    batch = distilled.micro_batch(0, 0)
+    t = batch["teacher_logits"].clone()
+    loss, _ = distilled.loss(student, dict(batch))
+    with torch.no_grad():
+        out = student.eval()(**{k: v for k, v in batch.items() if k not in ("teacher_logits", "labels")})
+    assert math.isclose(float(loss.detach()), float(F.mse_loss(out.logits, t)), rel_tol=1e-4)
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"student_layers": "2", "model": "tiny"}, "give one of the two"),
+    ({"task": "ner"}, "built for classify and regress"),
+    ({"pack": True}, "not supported by distill"),
+    ({"temperature": 0.0}, "must be positive"),
+    ({"alpha": 1.5}, "within \\[0, 1\\]"),
+])
+def test_settings_are_checked(args, message):
+    with pytest.raises(ConfigError, match=message):
+        DistillConfig(**{"task": "classify", "teacher": "t", "train": "a", "dev": "b", **args})
+
+
+def test_distill_classify_end_to_end(tmp_path, minilm_dir):
+    """A 4-layer teacher fine-tuned on a slice of SST-2, distilled into its layers 0 and 2: the student's directory
+    loads in transformers, and the results name both models' scores, sizes and speeds."""
+    from bertforge import BertModel, Tokenizer
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    base = tmp_path / "base"
+    BertModel(BertConfig.from_preset("L4-H64", vocab_size=tok.vocab_size)).save_pretrained(base, tokenizer=tok)
+    train = slice_file(shared("glue", "SST-2", "train.tsv"), tmp_path / "train.tsv", 129)
+    dev = slice_file(shared("glue", "SST-2", "dev.tsv"), tmp_path / "dev.tsv", 41)
+    teacher = tmp_path / "teacher"
+    done = run("finetune", "classify", "--model", str(base), "--train", str(train), "--dev", str(dev), "--out",
+               str(teacher), "--epochs", "1", "--batch-size", "16", "--lr", "1e-3")
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "student"
+    result = run("distill", "classify", "--teacher", str(teacher), "--train", str(train), "--dev", str(dev), "--out",
+                 str(out), "--epochs", "1", "--batch-size", "16", "--lr", "1e-3", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["student_layers"] == 2 and summary["teacher"]["layers"] == 4
+    assert summary["student_parameters"] < summary["teacher"]["parameters"]
+    assert summary["student_of_teacher"] == pytest.approx(summary["accuracy"] / summary["teacher"]["accuracy"], abs=1e-3)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("soft_loss" in r and "gold_loss" in r for r in rows)
+    transformers = pytest.importorskip("transformers")
+    model, info = transformers.BertForSequenceClassification.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and model.config.num_hidden_layers == 2
+    refused = run("distill", "classify", "--teacher", str(base), "--train", str(train), "--dev", str(dev),
+                  "--out", str(tmp_path / "x"))
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr and str(base) in refused.stderr
