@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -152,16 +151,29 @@ def speed(args: argparse.Namespace) -> None:
     print("saved", save(name, result))
 
 
+def _status_kib(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM), in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def memory_one(arch: str, path: Path, runner: str, tokens: int) -> None:
-    """In this (fresh) process: one forward of one row of `tokens` tokens; prints seconds and added peak MiB."""
-    model = runners(arch, path, onnx=runner == "onnxruntime")[runner]
+    """In this (fresh) process: one forward of one row of `tokens` tokens by `runner` alone; prints its seconds and
+    the peak resident memory it added above the loaded model (the high-water mark is reset before the pass)."""
+    if runner == "bertforge":
+        model = bertforge.AutoModel.from_pretrained(path).eval()
+    else:
+        model = transformers.AutoModel.from_pretrained(path, attn_implementation=runner.split("-")[1]).eval()
     ids = torch.randint(5, 1000, (1, tokens))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM, the peak, to the resident size now
+    before = _status_kib("VmRSS")
     start = time.perf_counter()
     with torch.inference_mode():
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
     seconds = time.perf_counter() - start
-    added = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    added = (_status_kib("VmHWM") - before) / 1024
     print(json.dumps({"runner": runner, "seconds": round(seconds, 2), "peak_added_mib": round(added)}))
 
 

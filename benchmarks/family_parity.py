@@ -38,6 +38,7 @@ FAMILIES = {  # model_type: (transformers class prefix, tokenizer)
     "albert": ("Albert", "albert"),
     "electra": ("Electra", "wordpiece"),
     "deberta-v2": ("DebertaV2", "deberta"),
+    "modernbert": ("ModernBert", "modern"),
 }
 SHAPES = {
     "L2-H32, tied, gelu": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -59,12 +60,21 @@ FACTORISED = {
                     "position_biased_input": False, "type_vocab_size": 0},
                    {"relative_attention": True, "position_buckets": 64, "pos_att_type": ["c2p"],
                     "embedding_size": 16, "conv_kernel_size": 3}),
+    # ModernBERT: 3 layers, global then local ones seeing 4 tokens either side (the 64-token rows run on the windowed
+    # path); then every layer global with every bias, mean pooling. Its trained tokenizer's ids: [CLS] 1, [SEP] 2,
+    # [PAD] 3.
+    "modernbert": ({"num_hidden_layers": 3, "local_attention": 8, "global_attn_every_n_layers": 3},
+                   {"global_attn_every_n_layers": 1, "norm_bias": True, "attention_bias": True, "mlp_bias": True,
+                    "classifier_bias": True, "classifier_pooling": "mean"}),
 }
 FACTORISED_LABELS = {
     "albert": ("; E=16, 5 layers over 2 groups of 2 shared blocks", "; E=24, 3 layers over 1 shared block"),
     "electra": ("; E=16 projected to H", "; E=H, no projection"),
     "deberta-v2": ("; v3: 4 buckets, shared keys, c2p+p2c, no absolute positions", "; v2: 64 buckets, c2p, E=16, conv"),
+    "modernbert": ("; 3 layers, global + 2 local (window 4 either side)", "; all global, all biases, mean pooling"),
 }
+MODERNBERT_NAMES = {"hidden_act": "hidden_activation", "layer_norm_eps": "norm_eps"}
+MODERNBERT_IDS = {"pad_token_id": 3, "cls_token_id": 1, "bos_token_id": 1, "sep_token_id": 2, "eos_token_id": 2}
 
 
 def sizes_for(model_type: str, sizes: dict, index: int) -> dict:
@@ -76,6 +86,9 @@ def sizes_for(model_type: str, sizes: dict, index: int) -> dict:
             sizes["classifier_dropout_prob"] = sizes.pop("classifier_dropout", 0.1)
         if model_type == "deberta-v2" and "classifier_dropout" in sizes:  # DeBERTa's
             sizes["cls_dropout"] = sizes.pop("classifier_dropout")
+        if model_type == "modernbert":  # its names, no segments, and the ids of its trained tokenizer
+            sizes = {MODERNBERT_NAMES.get(k, k): v for k, v in sizes.items() if k != "type_vocab_size"}
+            sizes.update(MODERNBERT_IDS)
         return sizes
     if model_type != "distilbert":
         return sizes
