@@ -17,12 +17,8 @@ from bertforge.models.config import BertConfig
 from bertforge.models.heads import BertForSequenceClassification
 from bertforge.runconfig import DistillConfig
 from bertforge.tasks.classification import ClassificationTask
-from bertforge.training.distill import (
-    DistillationTask,
-    cut_down,
-    student_layers,
-    teacher_outputs,
-)
+from bertforge.models.distillation import cut_down, student_layers
+from bertforge.training.distill import DistillationTask, teacher_outputs
 
 
 @pytest.mark.parametrize("spec, layers, expected", [
@@ -181,3 +177,99 @@ def test_distill_classify_end_to_end(tmp_path, minilm_dir):
     refused = run("distill", "classify", "--teacher", str(base), "--train", str(train), "--dev", str(dev),
                   "--out", str(tmp_path / "x"))
     assert refused.returncode != 0 and "Traceback" not in refused.stderr and str(base) in refused.stderr
+
+
+# ----------------------------------------------------------------------------- task-agnostic: distill mlm
+def bert_mlm(layers: int = 4):
+    from bertforge.models.heads import BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=40, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return perturbed(BertForMaskedLM(config))
+
+
+def test_a_cut_down_bert_becomes_a_distilbert_computing_the_same(tmp_path):
+    """The segment embedding's first row folds into the positions: on one-segment input the DistilBERT gives the
+    BERT's numbers, and transformers reads it as DistilBertForMaskedLM with the same logits."""
+    from bertforge.models.distillation import as_distilbert
+
+    student = cut_down(bert_mlm(), [0, 2])
+    distil = as_distilbert(student).eval()
+    ids = torch.randint(3, 60, (2, 11))
+    with torch.no_grad():
+        torch.testing.assert_close(distil(ids).logits, student(ids).logits, atol=1e-5, rtol=0)
+    distil.save_pretrained(tmp_path)
+    transformers = pytest.importorskip("transformers")
+    theirs, info = transformers.DistilBertForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        torch.testing.assert_close(theirs.eval()(input_ids=ids).logits, student(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_masked_lm_distillation_loss_and_frozen_teacher():
+    from bertforge.models.distillation import MaskedLMDistillation
+
+    teacher = bert_mlm()
+    ids = torch.randint(3, 60, (3, 12))
+    labels = torch.full_like(ids, -100)
+    labels[:, 2:10:3] = ids[:, 2:10:3]
+    same = MaskedLMDistillation(cut_down(teacher, [0, 1, 2, 3]), teacher, 2.0, (5.0, 2.0, 1.0)).train()
+    out = same(ids, labels=labels)
+    assert abs(float(out.soft_loss.detach())) < 1e-5 and abs(float(out.cos_loss.detach())) < 1e-5
+    assert not teacher.training and all(not p.requires_grad for p in teacher.parameters())
+    pair = MaskedLMDistillation(cut_down(teacher, [0, 2]), teacher, 2.0, (5.0, 2.0, 1.0)).train()
+    out = pair(ids, labels=labels)
+    out.loss.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(p.grad is not None for p in pair.student.parameters() if p.requires_grad)
+    torch.testing.assert_close(out.loss, 5 * out.soft_loss + 2 * out.mlm_loss + out.cos_loss)
+    assert set(pair.checkpoint_parts()) == {""} and pair.num_parameters() < teacher.num_parameters()
+
+
+def test_distill_mlm_end_to_end_with_exact_resume(tmp_path):
+    """`distill mlm` on a small corpus: a DistilBERT student that transformers loads, every loss part logged, a
+    SIGKILLed run resumed bitwise equal to an uninterrupted one, and the student fine-tunes."""
+    import subprocess
+    import sys
+
+    from corpus_utils import write_corpus
+    from kill_utils import kill_after_checkpoint
+    from safetensors.torch import load_file
+
+    from bertforge import BertForMaskedLM, Tokenizer
+
+    corpus = write_corpus(tmp_path / "corpus.txt", n_docs=80, seed=3)
+    tok = Tokenizer.train([corpus], vocab_size=300, min_frequency=1)
+    teacher = tmp_path / "teacher"
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig.from_preset("L4-H64", vocab_size=tok.vocab_size)).save_pretrained(teacher, tokenizer=tok)
+    args = ["distill", "mlm", str(corpus), "--teacher", str(teacher), "--seq-len", "32", "--batch-size", "8",
+            "--max-steps", "8", "--save-every", "2", "--eval-every", "8", "--precision", "fp32", "--workers", "1"]
+    env = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    whole = tmp_path / "whole"
+    done = subprocess.run([sys.executable, "-m", "bertforge", *args, "--out", str(whole), "--json"],
+                          capture_output=True, text=True, env={**__import__("os").environ, **env}, timeout=600)
+    assert done.returncode == 0, done.stderr
+    config = json.loads((whole / "config.json").read_text())
+    assert config["architectures"] == ["DistilBertForMaskedLM"] and config["n_layers"] == 2
+    rows = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert {"soft_loss", "cos_loss", "mlm_loss"} <= set(rows[0]) and "eval_mlm_acc" in rows[-1]
+    transformers = pytest.importorskip("transformers")
+    _, info = transformers.DistilBertForMaskedLM.from_pretrained(whole, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    killed = tmp_path / "killed"
+    kill_after_checkpoint([*args, "--out", str(killed)], killed / "checkpoints", "step-*", seed=2, max_delay=0.5,
+                          OMP_NUM_THREADS="1")
+    resumed = subprocess.run([sys.executable, "-m", "bertforge", *args, "--out", str(killed), "--resume"],
+                             capture_output=True, text=True, env={**__import__("os").environ, **env}, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load_file(whole / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"doc{i} alpha\t{i % 2}\n" for i in range(32)))
+    tuned = run("finetune", "classify", "--model", str(whole), "--train", str(tmp_path / "train.tsv"), "--dev",
+                str(tmp_path / "train.tsv"), "--out", str(tmp_path / "tuned"), "--epochs", "1", "--batch-size", "8")
+    assert tuned.returncode == 0, tuned.stderr
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text())["architectures"] == \
+        ["DistilBertForSequenceClassification"]

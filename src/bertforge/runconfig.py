@@ -389,6 +389,38 @@ class DistillConfig(FinetuneConfig):
             raise ConfigError(f"{flag('backend')} jax does not distill; use torch")
 
 
+@dataclass
+class DistillMLMConfig(PretrainConfig):
+    """Everything `bertforge distill mlm` takes: pretraining's settings (corpus, masking, the loop) plus the teacher,
+    the student and DistilBERT's three losses."""
+
+    teacher: str = setting("", "a masked-LM checkpoint directory (any family) whose outputs the student learns")
+    model: str | None = setting(None, "the student: a checkpoint directory or a preset of the teacher's family "
+                                      "(default: some of the teacher's layers, --student-layers)")
+    student_layers: str | None = setting(None, "the teacher's layers the student keeps: a count (evenly spaced from "
+                                                "the first) or indices such as 0,2,4; default: every other layer")
+    temperature: float = setting(2.0, "softmax temperature of the soft targets")
+    alpha_ce: float = setting(5.0, "weight of the soft-target loss (DistilBERT's 5)")
+    alpha_mlm: float = setting(2.0, "weight of the student's own masked-LM loss (DistilBERT's 2)")
+    alpha_cos: float = setting(1.0, "weight of the cosine loss between the two last hidden states (DistilBERT's 1)")
+    out: str = setting("bertforge-distill-mlm", "output directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.teacher:
+            raise ConfigError(f"{flag('teacher')} is required")
+        if self.arch is not None:
+            raise ConfigError(f"{flag('arch')}: the teacher's directory decides the architecture")
+        if self.objective not in (None, "mlm"):
+            raise ConfigError(f"{flag('objective')}: distillation trains on masked-LM blocks (mlm)")
+        if self.model and self.student_layers:
+            raise ConfigError(f"{flag('student_layers')} picks the teacher's layers for the student; with "
+                              f"{flag('model')} the student is that model: give one of the two")
+        weights = (self.alpha_ce, self.alpha_mlm, self.alpha_cos)
+        if not self.temperature > 0 or min(weights) < 0 or not sum(weights) > 0:
+            raise ConfigError(f"{flag('temperature')} must be positive, and the alphas non-negative with one above 0")
+
+
 # ---------------------------------------------------------------------------- config files
 
 def cli_fields(cls: type) -> list:

@@ -17,7 +17,7 @@ def plot_curves(metrics_file: Path, out_png: Path, title: str = "training") -> P
     import matplotlib.pyplot as plt
 
     # The total and its parts: MLM, NSP or sentence order, replaced-token detection, distillation's soft and gold.
-    parts = ("loss", "mlm_loss", "nsp_loss", "sop_loss", "rtd_loss", "soft_loss", "gold_loss")
+    parts = ("loss", "mlm_loss", "nsp_loss", "sop_loss", "rtd_loss", "soft_loss", "gold_loss", "cos_loss")
     losses = [k for k in parts if any(k in r for r in rows)]
     evals = sorted({k for r in rows for k in r if k.startswith("eval_") and ("loss" in k)})
     scores = sorted({k for r in rows for k in r if k.startswith("eval_") and ("acc" in k or "f1" in k or k.endswith("_corr"))})

@@ -19,7 +19,7 @@ from ..constants import INFERENCE_BACKENDS
 from ..errors import BertforgeError
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
-from ..runconfig import DISTILL_TASKS, TASKS, DistillConfig, FinetuneConfig, PretrainConfig
+from ..runconfig import TASKS, DistillConfig, DistillMLMConfig, FinetuneConfig, PretrainConfig
 from .build import command, settings_from
 
 app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -28,9 +28,13 @@ app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, 
 tokenizer_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Tokenizer tools.")
 export_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Export formats.")
 score_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Score predictions you already have.")
+distill_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                          help="Distil a model into a smaller student: a fine-tuned classifier or regressor, or a "
+                               "masked-LM model on raw text.")
 app.add_typer(tokenizer_app, name="tokenizer", help="train a WordPiece vocabulary")
 app.add_typer(export_app, name="export", help="export a model to ONNX (checked against ONNX Runtime)")
 app.add_typer(score_app, name="score", help="score prediction files with the official metrics")
+app.add_typer(distill_app, name="distill", help="distil a model into a smaller student (classify, regress, mlm)")
 
 
 def show(result: dict[str, Any], json: bool, title: str) -> None:
@@ -207,10 +211,16 @@ def finetune(task: Literal[TASKS], *, config: str | None = None, json: bool = Fa
     run_finetune(settings_from(FinetuneConfig, settings, config, ctx, task=task), as_json=json)
 
 
-@command(app, "distill", settings=DistillConfig)
-def distill(task: Literal[DISTILL_TASKS], *, config: str | None = None, json: bool = False,
-            ctx: typer.Context | None = None, **settings: Any) -> None:
-    """Distil a fine-tuned classifier or regressor into a smaller student.
+def _distill(task: str, settings: dict[str, Any], config: str | None, json: bool, ctx: typer.Context | None) -> None:
+    from ..training.distill import run_distill
+
+    run_distill(settings_from(DistillConfig, settings, config, ctx, task=task), as_json=json)
+
+
+@command(distill_app, "classify", settings=DistillConfig)
+def distill_classify(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
+                     **settings: Any) -> None:
+    """Distil a fine-tuned classifier into a smaller student.
 
     The student (by default the teacher's every other layer, or --model) is trained on the
     training file with the teacher's soft targets mixed with the gold labels (--alpha, at
@@ -218,13 +228,44 @@ def distill(task: Literal[DISTILL_TASKS], *, config: str | None = None, json: bo
     resume. Reports the student's and the teacher's dev scores, sizes and speeds.
 
     Args:
-        task: classify or regress
         config: a JSON or YAML file of these settings (flags given here override it)
         json: print the final summary as one JSON object
     """
-    from ..training.distill import run_distill
+    _distill("classify", settings, config, json, ctx)
 
-    run_distill(settings_from(DistillConfig, settings, config, ctx, task=task), as_json=json)
+
+@command(distill_app, "regress", settings=DistillConfig)
+def distill_regress(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
+                    **settings: Any) -> None:
+    """Distil a fine-tuned regressor into a smaller student (mean-squared error to the teacher and the gold score).
+
+    Args:
+        config: a JSON or YAML file of these settings (flags given here override it)
+        json: print the final summary as one JSON object
+    """
+    _distill("regress", settings, config, json, ctx)
+
+
+@command(distill_app, "mlm", settings=DistillMLMConfig, settings_skip=frozenset({"corpus"}))
+def distill_mlm(corpus: list[str], *, config: str | None = None, json: bool = False,
+                ctx: typer.Context | None = None, **settings: Any) -> None:
+    """Task-agnostic distillation: a smaller masked-LM student of a teacher, on raw text.
+
+    DistilBERT's recipe on pretraining's corpus readers, prepared shards, loop, checkpoints,
+    exact resume and torchrun: the student (the teacher's every other layer by default, written
+    as a DistilBERT when the teacher is a BERT) learns the teacher's soft targets at masked
+    positions, its own masked-LM loss and the direction of the teacher's hidden states
+    (--alpha-ce, --alpha-mlm, --alpha-cos).
+
+    Args:
+        corpus: files, dirs, globs, hf:NAME, or a `bertforge prepare` directory (none: the embedded corpus)
+        config: a JSON or YAML file of these settings (flags given here override it)
+        json: print the final summary as one JSON object
+    """
+    from ..training.pretrain import run_pretrain
+
+    run_pretrain(settings_from(DistillMLMConfig, {**settings, "corpus": list(corpus or [])}, config, ctx),
+                 as_json=json)
 
 
 @command(app, "evaluate")

@@ -19,6 +19,7 @@ from ..data.pretraining import MaskingCollator, PretrainingExamples
 from ..data.shards import TokenShards
 from ..errors import BertforgeError
 from ..interop.hf import family_of, load_pretrained, read_config
+from ..models.distillation import MaskedLMDistillation, as_distilbert, cut_down, student_layers
 from ..models.electra import (
     ElectraForMaskedLM,
     ElectraForPreTraining,
@@ -55,8 +56,9 @@ class PretrainingTask:
     def loss(self, model, batch):
         out = model(**batch)
         parts = {"mlm_loss": out.mlm_loss.detach()} if hasattr(out, "mlm_loss") else {"mlm_loss": out.loss.detach()}
-        if hasattr(out, "rtd_loss"):  # ELECTRA: the discriminator's loss, unweighted
-            parts["rtd_loss"] = out.rtd_loss.detach()
+        for name in ("rtd_loss", "soft_loss", "cos_loss"):  # ELECTRA's discriminator; distillation's other two
+            if hasattr(out, name):
+                parts[name] = getattr(out, name).detach()
         if getattr(out, "nsp_loss", None) is not None:  # ALBERT's sentence-order loss, under its own name
             parts["sop_loss" if "sentence_order_label" in batch else "nsp_loss"] = out.nsp_loss.detach()
         return out.loss, parts
@@ -102,6 +104,8 @@ def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
     """The model to pretrain: --model's checkpoint, or a new --arch model of a preset size (both resolved by
     `training.pretrain.resolve_architecture`), with its pretraining heads (MLM + NSP) or masked-LM alone."""
     kind = "pretraining" if cfg.objective in ("mlm+nsp", "mlm+sop") else "masked-lm"
+    if getattr(cfg, "teacher", None):
+        return _distillation(cfg, tokenizer)
     name = cfg.model or ("base" if cfg.corpus else "tiny")
     if cfg.objective == "rtd":
         return _replaced_token_detection(cfg, name, tokenizer)
@@ -139,9 +143,34 @@ def _replaced_token_detection(cfg: PretrainConfig, name: str, tokenizer: Tokeniz
     return ElectraReplacedTokenDetection(discriminator, generator, cfg.rtd_weight)
 
 
+def _distillation(cfg, tokenizer: Tokenizer) -> MaskedLMDistillation:
+    """`distill mlm`: the teacher's masked-LM model, frozen, and the student: --model, or the teacher cut down to
+    --student-layers, written as a DistilBERT when the teacher is a BERT (DistilBERT's own layout)."""
+    row = family_of(cfg.teacher)
+    teacher = load_pretrained(row.head("masked-lm"), cfg.teacher)
+    if cfg.model and Path(cfg.model).is_dir():
+        student = load_pretrained(family_of(cfg.model).head("masked-lm"), cfg.model)
+    elif cfg.model:
+        config = row.config.from_preset(cfg.model, vocab_size=teacher.config.vocab_size,
+                                        pad_token_id=teacher.config.pad_token_id)
+        student = row.head("masked-lm")(config)
+    else:
+        student = cut_down(teacher, student_layers(cfg.student_layers, teacher.config.num_hidden_layers))
+        if row.model_type == "bert" and teacher.config.layer_norm_eps == 1e-12:
+            student = as_distilbert(student)
+    if student.config.vocab_size < tokenizer.vocab_size:
+        raise BertforgeError(f"the student embeds {student.config.vocab_size:,} tokens, fewer than the teacher's "
+                             f"tokenizer's {tokenizer.vocab_size:,}")
+    _check_seq_len(cfg, student.config)
+    return MaskedLMDistillation(student, teacher, cfg.temperature, (cfg.alpha_ce, cfg.alpha_mlm, cfg.alpha_cos))
+
+
 def check_model(cfg: PretrainConfig) -> None:
     """Refuse a --model that is neither a checkpoint nor a preset, a checkpoint whose config.json is bad, or a
     --seq-len the model's positions cannot hold: called before the run writes anything."""
+    if getattr(cfg, "teacher", None) and not cfg.model:  # distillation: the student is cut from the teacher
+        _check_seq_len(cfg, read_config(cfg.teacher))
+        return
     name = cfg.model or ("base" if cfg.corpus else "tiny")
     config = read_config(name) if Path(name).is_dir() else family(cfg.arch or "bert").config.from_preset(name)
     _check_seq_len(cfg, config)

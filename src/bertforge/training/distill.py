@@ -20,7 +20,6 @@ fine-tuned model, like `finetune`, and reports both models' dev scores, sizes an
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import time
@@ -30,63 +29,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import BertforgeError, ConfigError
+from ..errors import BertforgeError
 from ..inference.backends import load as load_backend
 from ..interop.hf import load_for_task
 from ..jsonfile import dumps
+from ..models.distillation import cut_down, student_layers
 from ..models.registry import TASK_ARCHITECTURES
 from ..runconfig import DistillConfig
 from ..tasks.classification import ClassificationTask
 from ..tokenization.kinds import load_tokenizer
 from .finetune import build, run_seeds, train_and_export
-
-
-def student_layers(spec: str | None, layers: int) -> list[int]:
-    """The teacher's layers the student keeps: every other one by default, a count spread evenly from the
-    first (3 of 6: 0, 2, 4; 6 of 12: 0, 2, ..., 10), or the indices given."""
-    if spec is None:
-        return list(range(0, layers, 2))
-    parts = [p.strip() for p in str(spec).split(",") if p.strip()]
-    try:
-        numbers = [int(p) for p in parts]
-    except ValueError:
-        raise ConfigError(f"--student-layers must be a count or comma-separated layer indices, not {spec!r}") from None
-    if len(numbers) == 1 and "," not in str(spec):
-        count = numbers[0]
-        if not 1 <= count < layers:
-            raise ConfigError(f"--student-layers {count}: the teacher has {layers} layers; keep between 1 and "
-                              f"{layers - 1} of them")
-        return [round(i * layers / count) for i in range(count)]
-    if sorted(set(numbers)) != numbers or numbers[0] < 0 or numbers[-1] >= layers:
-        raise ConfigError(f"--student-layers {spec}: give increasing indices within the teacher's {layers} layers "
-                          f"(0 to {layers - 1})")
-    return numbers
-
-
-def cut_down(teacher: torch.nn.Module, keep: list[int]) -> torch.nn.Module:
-    """A copy of `teacher` with only the layers `keep` (in order), every other weight its own."""
-    config = teacher.config
-    if config.model_type == "albert":
-        raise BertforgeError("ALBERT shares one block across its layers: a subset of them is not a smaller model; "
-                             "give the student with --model")
-    changes: dict[str, Any] = {"num_hidden_layers": len(keep)}
-    if hasattr(config, "layer_types"):  # ModernBERT: each kept layer keeps its kind (and layer 0 has no norm)
-        if keep[0] != 0:
-            raise BertforgeError("ModernBERT's first layer has no attention norm: the student must keep layer 0")
-        changes["layer_types"] = [config.layer_types[i] for i in keep]
-    student = type(teacher)(dataclasses.replace(config, **changes))
-    prefix = f"{teacher.base_model_prefix}.layers."
-    new_index = {old: new for new, old in enumerate(keep)}
-    state = {}
-    for key, tensor in teacher.state_dict().items():
-        if key.startswith(prefix):
-            number, rest = key[len(prefix):].split(".", 1)
-            if int(number) not in new_index:
-                continue
-            key = f"{prefix}{new_index[int(number)]}.{rest}"
-        state[key] = tensor.clone()
-    student.load_state_dict(state, strict=True)
-    return student
 
 
 class DistillationTask(ClassificationTask):

@@ -30,7 +30,6 @@ from ..data.shards import (
 from ..errors import BertforgeError
 from ..interop.hf import family_of, save_pretrained
 from ..jsonfile import dumps
-from ..models.electra import ElectraReplacedTokenDetection
 from ..models.registry import family
 from ..runconfig import PretrainConfig, TrainConfig
 from ..tasks.pretraining import build, check_model
@@ -90,6 +89,8 @@ def _data(cfg: PretrainConfig, out: Path) -> tuple[TokenShards, Tokenizer]:
 
 def _tokenizer(cfg: PretrainConfig) -> Tokenizer:
     """--model's tokenizer, --tokenizer, or a new vocabulary of the architecture's kind trained on the corpus."""
+    if getattr(cfg, "teacher", None):  # distillation: the student reads the teacher's tokens
+        return load_tokenizer(cfg.teacher)
     if cfg.model and Path(cfg.model).is_dir():
         return load_tokenizer(cfg.model)
     if cfg.tokenizer:
@@ -112,7 +113,11 @@ KIND_NAMES = {"wordpiece": "WordPiece", "bpe": "byte-level BPE", "unigram": "Sen
 def resolve_architecture(cfg: PretrainConfig) -> None:
     """Fill in `cfg.arch` and `cfg.objective`: a --model checkpoint decides the architecture (--arch may only
     agree with it), else --arch (default bert); the objective defaults to the architecture's own."""
-    if cfg.model and Path(cfg.model).is_dir():
+    if getattr(cfg, "teacher", None):  # distillation: the teacher's family and masked-LM blocks
+        if not Path(cfg.teacher).is_dir():
+            raise BertforgeError(f"--teacher {cfg.teacher}: no such checkpoint directory")
+        row = family_of(cfg.teacher)
+    elif cfg.model and Path(cfg.model).is_dir():
         row = family_of(cfg.model)
         if cfg.arch is not None and cfg.arch != row.model_type:
             raise BertforgeError(f"--arch {cfg.arch}: {cfg.model} is a '{row.model_type}' checkpoint; "
@@ -123,7 +128,7 @@ def resolve_architecture(cfg: PretrainConfig) -> None:
     if cfg.masked_lm_prob is None:  # ModernBERT's recipe masks 30% of tokens; BERT's and the others' 15%
         cfg.masked_lm_prob = MASKING_RATE.get(row.model_type, 0.15)
     if cfg.objective is None:
-        cfg.objective = OWN_OBJECTIVE.get(row.model_type, "mlm")
+        cfg.objective = "mlm" if getattr(cfg, "teacher", None) else OWN_OBJECTIVE.get(row.model_type, "mlm")
     allowed = {"mlm", OWN_OBJECTIVE.get(row.model_type, "mlm")}
     if cfg.objective not in allowed:
         owner = {"mlm+nsp": "BERT's", "mlm+sop": "ALBERT's", "rtd": "ELECTRA's"}[cfg.objective]
@@ -156,6 +161,8 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
                 "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "lr": cfg.lr, "warmup": cfg.warmup,
                 "weight_decay": cfg.weight_decay, "optimizer": cfg.optimizer, "seed": cfg.seed, "wwm": cfg.wwm,
                 "ngram_mask": cfg.ngram_mask,
+                "distill": {k: getattr(cfg, k) for k in ("teacher", "student_layers", "temperature", "alpha_ce",
+                                                        "alpha_mlm", "alpha_cos") if hasattr(cfg, k)} or None,
                 "masking": [cfg.masked_lm_prob, cfg.mask_prob, cfg.random_prob, cfg.max_predictions],
                 "world_size": dist.world_size(), "precision": cfg.precision, "pack": cfg.pack,
                 "data": tokenizer_fingerprint(tokenizer), "data_tokens": shards.num_tokens}
@@ -172,7 +179,7 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
     if summary.get("compile_seconds") is not None:
         print(f"jax: the step compiled in {summary['compile_seconds']:.1f} s", flush=True)
     if dist.is_main():
-        if isinstance(model, ElectraReplacedTokenDetection):  # the discriminator in --out, the generator in generator/
+        if hasattr(model, "checkpoint_parts"):  # ELECTRA's pair (generator in generator/); distillation's student
             model.save_pretrained(out, tokenizer=tokenizer)
         else:
             save_pretrained(model, out, tokenizer=tokenizer)
