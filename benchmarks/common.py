@@ -96,3 +96,18 @@ def wikitext_articles() -> list[str]:
     if current:
         docs.append("\n".join(current))
     return docs
+
+
+def wikitext_corpus(work: Path) -> Path:
+    """WikiText-2's articles (`wikitext_articles`) as a JSONL corpus in `work`, one {"text"} per article."""
+    corpus = work / "wikitext2-articles.jsonl"
+    corpus.write_text("".join(json.dumps({"text": a}) + "\n" for a in wikitext_articles()), encoding="utf-8")
+    return corpus
+
+
+def sst2_train_rows(work: Path, rows: int) -> Path:
+    """The header and the first `rows` rows of SST-2's training set, as a TSV in `work`."""
+    lines = need(DATA / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+    train = work / "sst2-train.tsv"
+    train.write_text("".join(lines[:rows + 1]), encoding="utf-8")
+    return train

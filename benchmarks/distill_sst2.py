@@ -28,7 +28,7 @@ from bertforge.runconfig import DistillConfig, FinetuneConfig
 from bertforge.training.distill import run_distill
 from bertforge.training.finetune import run_finetune
 
-from .common import DATA, machine, minilm_dir, need, save
+from .common import DATA, machine, minilm_dir, need, save, sst2_train_rows
 
 
 def main() -> None:
@@ -38,9 +38,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=2)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bf-distill-"))
-    lines = need(DATA / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-    train = work / "train.tsv"
-    train.write_text("".join(lines[:args.rows + 1]), encoding="utf-8")
+    train = sst2_train_rows(work, args.rows)
     dev = str(need(DATA / "glue/SST-2/dev.tsv"))
     hyper = dict(seq_len=64, batch_size=32, lr=5e-5, epochs=args.epochs, progress=False)
     started = time.perf_counter()

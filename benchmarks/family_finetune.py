@@ -20,7 +20,7 @@ from pathlib import Path
 from bertforge.training.finetune import FinetuneConfig, run_finetune
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 
-from .common import DATA, RESULTS, machine, need, save, wikitext_articles
+from .common import DATA, RESULTS, machine, need, save, sst2_train_rows, wikitext_corpus
 
 LEARNS = 0.65
 
@@ -56,11 +56,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8000)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bf-family-finetune-"))
-    corpus = work / "wikitext2-articles.jsonl"
-    corpus.write_text("".join(json.dumps({"text": a}) + "\n" for a in wikitext_articles()), encoding="utf-8")
-    lines = need(DATA / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-    train = work / "sst2-train.tsv"
-    train.write_text("".join(lines[:args.rows + 1]), encoding="utf-8")  # the header and the first rows
+    corpus = wikitext_corpus(work)
+    train = sst2_train_rows(work, args.rows)
     result = {"machine": machine(), "rule": f"learns the task: SST-2 dev accuracy >= {LEARNS}",
               "command": f"python -m benchmarks.family_finetune --archs {args.archs} --steps {args.steps} "
                          f"--rows {args.rows}", "rows": []}

@@ -26,7 +26,7 @@ from bertforge.training.finetune import FinetuneConfig, run_finetune
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 from bertforge.training.trainer import parse_duration
 
-from .common import DATA, RESULTS, machine, need, save, wikitext_articles
+from .common import DATA, RESULTS, machine, need, save, sst2_train_rows, wikitext_corpus
 
 
 def main() -> None:
@@ -36,11 +36,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bf-rtd-"))
-    corpus = work / "wikitext2-articles.jsonl"
-    corpus.write_text("".join(json.dumps({"text": a}) + "\n" for a in wikitext_articles()), encoding="utf-8")
-    lines = need(DATA / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-    train = work / "sst2-train.tsv"
-    train.write_text("".join(lines[:args.rows + 1]), encoding="utf-8")
+    corpus = wikitext_corpus(work)
+    train = sst2_train_rows(work, args.rows)
     result = {"machine": machine(), "budget_s": parse_duration(args.budget),
               "command": f"python -m benchmarks.rtd_vs_mlm --budget {args.budget} --rows {args.rows} "
                          f"--seeds {args.seeds}", "runs": {}}
