@@ -29,7 +29,7 @@ import transformers
 import bertforge
 from bertforge.inference.fused import fuse_for_inference
 
-from .family_parity import FAMILIES, ROOT, texts, tokenizer_dir
+from .family_parity import FAMILIES, MODERNBERT_IDS, ROOT, texts, tokenizer_dir
 from .family_parity import sizes_for as family_sizes  # DistilBERT's names for the shape
 
 SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
@@ -50,6 +50,8 @@ def model_dirs(root: Path, wiki: list[str]) -> dict[str, Path]:
         vocab = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
         shape = SHAPE | {"type_vocab_size": 1}
         shape = family_sizes(model_type, shape, 0) if model_type == "distilbert" else shape | FACTORISED.get(model_type, {})
+        if model_type == "modernbert":  # no segments; its trained tokenizer's ids (transformers' defaults are 50k+)
+            shape = {k: v for k, v in shape.items() if k != "type_vocab_size"} | MODERNBERT_IDS
         config = getattr(transformers, f"{prefix}Config")(vocab_size=vocab, max_position_embeddings=514, **shape)
         torch.manual_seed(0)
         getattr(transformers, f"{prefix}Model")(config).save_pretrained(root / model_type)
