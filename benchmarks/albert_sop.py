@@ -11,12 +11,19 @@ The rule, set before measuring: it "learns sentence order" when the held-out SOP
 at least 0.6 (chance is 0.5; 640 pairs put one standard error at ~0.02).
 
     python -m benchmarks.albert_sop [--steps 2000]
+    python -m benchmarks.albert_sop --synthetic [--steps 300]
+
+--synthetic checks the pipeline where sentence order is plain to see: 800 documents of ten sentences
+"one <word> .", "two <word> .", ... "ten <word> .", a 200-piece vocabulary, a 2-layer 64-wide ALBERT, seq
+64 (whole documents fit: nothing is truncated), no short targets. Held-out SOP accuracy well above 0.5
+there says the pairs, labels and head are right, whatever WikiText-2 needs to learn the same.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import tempfile
 from pathlib import Path
 
@@ -32,15 +39,24 @@ from .common import machine, save, wikitext_articles
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--synthetic", action="store_true", help="ordered synthetic documents instead of WikiText-2")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bf-albert-sop-"))
-    articles = wikitext_articles()
-    corpus = work / "wikitext2-articles.jsonl"
+    if args.synthetic:
+        rng = random.Random(0)
+        ordinals = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+        nouns = ["apple", "pear", "stone", "river", "cloud", "green"]
+        articles = ["\n".join(f"{o} {rng.choice(nouns)} ." for o in ordinals) for _ in range(800)]
+        sizes = dict(model="L2-H64", vocab_size=200, seq_len=64, short_seq_prob=0.0, eval_every=100)
+    else:
+        articles = wikitext_articles()
+        sizes = dict(model="mini", vocab_size=8000, seq_len=128, eval_every=250)
+    corpus = work / "articles.jsonl"
     corpus.write_text("".join(json.dumps({"text": a}) + "\n" for a in articles), encoding="utf-8")
     summary = run_pretrain(PretrainConfig(
-        corpus=[str(corpus)], arch="albert", model="mini", out=str(work / "run"), vocab_size=8000, seq_len=128,
-        batch_size=32, lr=1e-3, warmup=0.06, max_steps=args.steps, eval_every=250, eval_fraction=0.05,
-        eval_batches=20, save_every=100_000, log_every=50, progress=False, seed=0), as_json=True)
+        corpus=[str(corpus)], arch="albert", out=str(work / "run"), batch_size=32, lr=1e-3, warmup=0.06,
+        max_steps=args.steps, eval_fraction=0.05, eval_batches=20, save_every=100_000, log_every=50, progress=False,
+        seed=0, **sizes), as_json=True)
     rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
     curve = [(r["step"], round(r["eval_sop_acc"], 4), round(r["eval_mlm_acc"], 4)) for r in rows if "eval_sop_acc" in r]
     # transformers reads the directory as AlbertForPreTraining and computes the same two outputs.
@@ -53,7 +69,8 @@ def main() -> None:
     with torch.no_grad():
         a, b = ours(**batch), theirs(**batch)
     real = batch["attention_mask"].bool()
-    result = {"machine": machine(), "command": f"python -m benchmarks.albert_sop --steps {args.steps}",
+    result = {"machine": machine(), "corpus": "synthetic ordered documents" if args.synthetic else "WikiText-2",
+              "command": f"python -m benchmarks.albert_sop --steps {args.steps}" + (" --synthetic" * args.synthetic),
               "rule": "learns sentence order: held-out SOP accuracy >= 0.6 at the end",
               "curve_step_sop_mlm": curve, "final": summary["eval"],
               "learns_sentence_order": summary["eval"]["sop_acc"] >= 0.6,
@@ -61,7 +78,7 @@ def main() -> None:
                   "prediction_logits": float((a.prediction_logits - b.prediction_logits)[real].abs().max()),
                   "sop_logits": float((a.sop_logits - b.sop_logits).abs().max())}}
     print(json.dumps(result, indent=2))
-    print("saved", save("albert_sop", result))
+    print("saved", save("albert_sop" + ("_synthetic" if args.synthetic else ""), result))
 
 
 if __name__ == "__main__":
