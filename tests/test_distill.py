@@ -18,7 +18,7 @@ from bertforge.models.heads import BertForSequenceClassification
 from bertforge.runconfig import DistillConfig
 from bertforge.tasks.classification import ClassificationTask
 from bertforge.models.distillation import cut_down, student_layers
-from bertforge.training.distill import DistillationTask, teacher_outputs
+from bertforge.training.distill import DistillationTask, cache_mib, soft_loss, teacher_outputs
 
 
 @pytest.mark.parametrize("spec, layers, expected", [
@@ -86,8 +86,8 @@ def features(n: int = 10, regression: bool = False) -> list[dict]:
 def test_teacher_outputs_are_cached_in_feature_order():
     teacher = classifier().eval()
     task = small_task(features())
-    cached = teacher_outputs(teacher, task)
-    assert cached.shape == (10, 2)
+    cached = teacher_outputs(teacher, task, "classify")
+    assert len(cached) == 10 and cached[0].shape == (2,)
     for i in (0, 3, 9):
         ids = torch.tensor([task.train[i]["input_ids"]])
         with torch.no_grad():
@@ -99,12 +99,12 @@ def test_loss_mixes_temperature_scaled_soft_targets_and_gold_labels():
     its teacher has no soft loss; the batch carries each row's own teacher outputs."""
     teacher, student = classifier().eval(), classifier(2).train()
     task = small_task(features())
-    cached = teacher_outputs(teacher, task)
+    cached = teacher_outputs(teacher, task, "classify")
     for alpha, T in ((0.0, 2.0), (1.0, 2.0), (1.0, 4.0), (0.3, 1.0)):
-        distilled = DistillationTask(task, cached, T, alpha)
+        distilled = DistillationTask(task, "classify", T, alpha, cached=cached)
         batch = distilled.micro_batch(0, 1)
         rows = distilled.epoch_order(0)[4:8]
-        assert torch.equal(batch["teacher_logits"], cached[torch.as_tensor(rows)])
+        assert torch.equal(batch["teacher_logits"], torch.stack([cached[int(r)] for r in rows]))
         t = batch["teacher_logits"].clone()
         torch.manual_seed(0)
         loss, parts = distilled.loss(student, dict(batch))
@@ -115,7 +115,7 @@ def test_loss_mixes_temperature_scaled_soft_targets_and_gold_labels():
         kl = (p * (p.log() - log_q)).sum(-1).mean() * T * T
         torch.testing.assert_close(parts["soft_loss"], kl.detach(), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(loss, alpha * kl + (1 - alpha) * out.loss, atol=1e-5, rtol=1e-5)
-    same = DistillationTask(task, cached, 2.0, 1.0)
+    same = DistillationTask(task, "classify", 2.0, 1.0, cached=cached)
     loss, _ = same.loss(teacher, dict(same.micro_batch(0, 0)))
     assert abs(float(loss.detach())) < 1e-5
 
@@ -126,7 +126,7 @@ def test_regression_distils_with_mean_squared_error():
         m.config.num_labels = 1
         m.classifier = torch.nn.Linear(32, 1)
     task = small_task(features(regression=True), regression=True)
-    distilled = DistillationTask(task, teacher_outputs(teacher, task), 2.0, 1.0)
+    distilled = DistillationTask(task, "regress", 2.0, 1.0, cached=teacher_outputs(teacher, task, "regress"))
     batch = distilled.micro_batch(0, 0)
     t = batch["teacher_logits"].clone()
     loss, _ = distilled.loss(student, dict(batch))
@@ -135,9 +135,94 @@ def test_regression_distils_with_mean_squared_error():
     assert math.isclose(float(loss.detach()), float(F.mse_loss(out.logits, t)), rel_tol=1e-4)
 
 
+# ----------------------------------------------------------------------------- per-token tasks: ner and qa
+def token_model(kind: str, layers: int = 4):
+    from bertforge.models.heads import BertForQuestionAnswering, BertForTokenClassification
+
+    torch.manual_seed(0)
+    labels = {0: "O", 1: "B-X", 2: "I-X"} if kind == "ner" else None
+    config = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=40, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, id2label=labels, num_labels=3 if labels else 2)
+    cls = BertForTokenClassification if kind == "ner" else BertForQuestionAnswering
+    return perturbed(cls(config))
+
+
+def token_task(kind: str):
+    """Features of varied lengths: ner labels at some tokens (-100 at the rest), qa start/end positions."""
+    from bertforge.tasks.base import FeatureTask
+
+    g = torch.Generator().manual_seed(2)
+    rows = []
+    for i in range(10):
+        n = 4 + i % 6
+        ids = [1, *torch.randint(3, 60, (n - 2,), generator=g).tolist(), 2]
+        row = {"input_ids": ids, "token_type_ids": [0] * n}
+        if kind == "ner":
+            row["labels"] = [-100 if j in (0, n - 1) or j % 3 == 2 else (i + j) % 3 for j in range(n)]
+        else:
+            row.update(start_positions=1 + i % (n - 2), end_positions=n - 2)
+        rows.append(row)
+    return FeatureTask(rows, rows[:4], 4, 0, 0)
+
+
+@pytest.mark.parametrize("kind", ["ner", "qa"])
+def test_per_token_soft_targets_cached_and_on_the_fly_agree(kind):
+    """The cache keeps one row per real token of each feature; a batch built from it gives the loss the teacher
+    gives when it runs on the batch; a student equal to its teacher has no soft loss."""
+    teacher, student = token_model(kind).eval(), token_model(kind, 2).train()
+    task = token_task(kind)
+    cached = teacher_outputs(teacher, task, kind)
+    assert [c.shape[0] for c in cached] == [len(f["input_ids"]) for f in task.train]
+    assert cached[0].shape[1] == (3 if kind == "ner" else 2)
+    assert cache_mib(task.train, kind, 3) == pytest.approx(sum(c.numel() for c in cached) * 4 / 2**20)
+    for alpha in (1.0, 0.4):
+        a = DistillationTask(task, kind, 2.0, alpha, cached=cached)
+        b = DistillationTask(task, kind, 2.0, alpha, teacher=token_model(kind).eval())
+        for index in range(a.micro_batches_per_epoch(0)):
+            with_cache, on_the_fly = a.micro_batch(0, index), b.micro_batch(0, index)
+            assert "teacher_logits" in with_cache and "teacher_logits" not in on_the_fly
+            torch.testing.assert_close(a.loss(student, with_cache)[0], b.loss(student, on_the_fly)[0],
+                                       atol=1e-5, rtol=1e-5)
+    same = DistillationTask(task, kind, 2.0, 1.0, cached=cached)
+    assert abs(float(same.loss(token_model(kind).eval(), same.micro_batch(0, 1))[0].detach())) < 1e-5
+
+
+def test_ner_soft_loss_reads_only_the_scored_tokens():
+    """T^2 KL averaged over the tokens whose labels are not -100; what the teacher says elsewhere is not read."""
+    T = 3.0
+    student, teacher = torch.randn(2, 5, 3), torch.randn(2, 5, 3)
+    labels = torch.tensor([[-100, 1, -100, 0, -100], [-100, 2, 2, -100, -100]])
+    batch = {"labels": labels, "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    scored = labels != -100
+    p, log_q = F.softmax(teacher[scored] / T, -1), F.log_softmax(student[scored] / T, -1)
+    expected = (p * (p.log() - log_q)).sum(-1).mean() * T * T
+    torch.testing.assert_close(soft_loss("ner", student, teacher, batch, T), expected)
+    elsewhere = teacher.clone()
+    elsewhere[~scored] = 100.0
+    torch.testing.assert_close(soft_loss("ner", student, elsewhere, batch, T), expected)
+
+
+def test_qa_soft_loss_is_over_each_window_s_real_tokens():
+    """The start and the end distributions, each a softmax over the row's real tokens, T^2 KL averaged; padding
+    takes no probability in either model."""
+    T = 2.0
+    student, teacher = torch.randn(2, 6, 2), torch.randn(2, 6, 2)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    terms = []
+    for i, n in enumerate((6, 4)):
+        for end in (0, 1):
+            p, log_q = F.softmax(teacher[i, :n, end] / T, -1), F.log_softmax(student[i, :n, end] / T, -1)
+            terms.append((p * (p.log() - log_q)).sum() * T * T)
+    got = soft_loss("qa", student, teacher, {"attention_mask": mask}, T)
+    torch.testing.assert_close(got, torch.stack(terms).mean())
+    teacher[1, 4:] = 50.0
+    torch.testing.assert_close(soft_loss("qa", student, teacher, {"attention_mask": mask}, T), got)
+
+
 @pytest.mark.parametrize("args, message", [
     ({"student_layers": "2", "model": "tiny"}, "give one of the two"),
-    ({"task": "ner"}, "built for classify and regress"),
+    ({"teacher_cache_mb": -1.0}, "0 or more"),
     ({"pack": True}, "not supported by distill"),
     ({"temperature": 0.0}, "must be positive"),
     ({"alpha": 1.5}, "within \\[0, 1\\]"),
@@ -273,3 +358,41 @@ def test_distill_mlm_end_to_end_with_exact_resume(tmp_path):
     assert tuned.returncode == 0, tuned.stderr
     assert json.loads((tmp_path / "tuned" / "config.json").read_text())["architectures"] == \
         ["DistilBertForSequenceClassification"]
+
+
+@pytest.mark.parametrize("kind", ["ner", "qa"])
+def test_distill_ner_and_qa_end_to_end(tmp_path, minilm_dir, kind):
+    """A 2-layer NER or QA teacher distilled into its first layer: ner with the teacher running on each batch
+    (--teacher-cache-mb 0), qa from the cache; the student's directory loads in transformers with its head,
+    and the results give both models' scores and speeds."""
+    from family_checks import small_squad
+    from test_finetune import slice_file
+
+    from bertforge import Tokenizer
+    from bertforge.models.heads import BertForQuestionAnswering, BertForTokenClassification
+    from bertforge.training.distill import run_distill
+
+    tok = Tokenizer.from_pretrained(minilm_dir)
+    if kind == "ner":
+        train = slice_file(shared("conll2003", "train.txt"), tmp_path / "train.txt", 300)
+        dev = slice_file(shared("conll2003", "valid.txt"), tmp_path / "dev.txt", 120)
+        tags = ["O"] + [f"{p}-{t}" for t in ("LOC", "MISC", "ORG", "PER") for p in "BI"]
+        config = BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size, id2label=dict(enumerate(tags)))
+        model, arch, metric = BertForTokenClassification(config), "BertForTokenClassification", "f1"
+    else:
+        train, dev = small_squad(tmp_path)
+        config = BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size, num_labels=2)
+        model, arch, metric = BertForQuestionAnswering(config), "BertForQuestionAnswering", "f1"
+    torch.manual_seed(0)
+    perturbed(model).save_pretrained(tmp_path / "teacher", tokenizer=tok)
+    cfg = DistillConfig(task=kind, teacher=str(tmp_path / "teacher"), train=str(train), dev=str(dev),
+                        out=str(tmp_path / "student"), epochs=1, batch_size=16, seq_len=128, doc_stride=48,
+                        progress=False, teacher_cache_mb=0.0 if kind == "ner" else 1024.0)
+    result = run_distill(cfg, as_json=True)
+    assert result["student_layers"] == 1 and result["teacher"]["layers"] == 2 and metric in result["teacher"]
+    assert result["student_dev_rows_per_s"] > 0 and result["student_parameters"] < result["teacher"]["parameters"]
+    rows = [json.loads(line) for line in (tmp_path / "student" / "metrics.jsonl").read_text().splitlines()]
+    assert any("soft_loss" in r and "gold_loss" in r for r in rows)
+    transformers = pytest.importorskip("transformers")
+    theirs, info = getattr(transformers, arch).from_pretrained(tmp_path / "student", output_loading_info=True)
+    assert not info["missing_keys"] and theirs.config.num_hidden_layers == 1

@@ -354,34 +354,34 @@ class FinetuneConfig(TrainConfig):
                 raise ConfigError(f"{flag('seeds')} names no seed")
 
 
-DISTILL_TASKS = ("classify", "regress")
-
-
 @dataclass
 class DistillConfig(FinetuneConfig):
     """Everything `bertforge distill` takes: fine-tuning's settings plus the teacher and the mix of losses."""
 
-    teacher: str = setting("", "a fine-tuned checkpoint directory (classify or regress) whose outputs the student learns")
+    teacher: str = setting("", "a fine-tuned checkpoint directory of the task whose outputs the student learns")
     model: str = setting("", "the student: a checkpoint directory or a preset (default: some of the teacher's "
                              "layers, --student-layers)")
     student_layers: str | None = setting(None, "the teacher's layers the student keeps: a count (evenly spaced from "
                                                 "the first: 3 of 6 is 0,2,4) or indices such as 0,2,4; default: every "
                                                 "other layer, as DistilBERT")
-    temperature: float = setting(2.0, "softmax temperature of the teacher's and student's soft targets (classify)")
+    temperature: float = setting(2.0, "softmax temperature of the teacher's and student's soft targets (all but "
+                                      "regress)")
     alpha: float = setting(0.5, "weight of the loss on the teacher's outputs; 1 - alpha goes to the gold labels")
+    teacher_cache_mb: float = setting(1024.0, "keep the teacher's outputs on the training set in memory when they "
+                                              "take at most this many MiB, else run the teacher on each batch (0: "
+                                              "always)")
     out: str = setting("bertforge-distill", "output directory")
     required = ("teacher", "train", "dev")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.task not in DISTILL_TASKS:
-            raise ConfigError(f"distill {self.task}: task-specific distillation is built for "
-                              f"{' and '.join(DISTILL_TASKS)} (ner and qa are not yet)")
         if self.model and self.student_layers:
             raise ConfigError(f"{flag('student_layers')} picks the teacher's layers for the student; with "
                               f"{flag('model')} the student is that model: give one of the two")
         if not self.temperature > 0 or not 0 <= self.alpha <= 1:
             raise ConfigError(f"{flag('temperature')} must be positive and {flag('alpha')} within [0, 1]")
+        if not self.teacher_cache_mb >= 0:
+            raise ConfigError(f"{flag('teacher_cache_mb')} must be 0 or more")
         if self.pack:
             raise ConfigError(f"{flag('pack')} is not supported by distill: each example is matched with its "
                               "teacher outputs row by row")

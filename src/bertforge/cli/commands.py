@@ -34,7 +34,7 @@ distill_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 app.add_typer(tokenizer_app, name="tokenizer", help="train a WordPiece vocabulary")
 app.add_typer(export_app, name="export", help="export a model to ONNX (checked against ONNX Runtime)")
 app.add_typer(score_app, name="score", help="score prediction files with the official metrics")
-app.add_typer(distill_app, name="distill", help="distil a model into a smaller student (classify, regress, mlm)")
+app.add_typer(distill_app, name="distill", help="distil a model into a smaller student (classify, regress, ner, qa, mlm)")
 
 
 def show(result: dict[str, Any], json: bool, title: str) -> None:
@@ -211,39 +211,43 @@ def finetune(task: Literal[TASKS], *, config: str | None = None, json: bool = Fa
     run_finetune(settings_from(FinetuneConfig, settings, config, ctx, task=task), as_json=json)
 
 
-def _distill(task: str, settings: dict[str, Any], config: str | None, json: bool, ctx: typer.Context | None) -> None:
-    from ..training.distill import run_distill
+_DISTILL_ARGS = """
 
-    run_distill(settings_from(DistillConfig, settings, config, ctx, task=task), as_json=json)
-
-
-@command(distill_app, "classify", settings=DistillConfig)
-def distill_classify(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
-                     **settings: Any) -> None:
-    """Distil a fine-tuned classifier into a smaller student.
+    Args:
+        config: a JSON or YAML file of these settings (flags given here override it)
+        json: print the final summary as one JSON object
+    """
+_DISTILL_HELP = {
+    "classify": """Distil a fine-tuned classifier into a smaller student.
 
     The student (by default the teacher's every other layer, or --model) is trained on the
     training file with the teacher's soft targets mixed with the gold labels (--alpha, at
     --temperature), on fine-tuning's loop: evaluation every epoch, the best model kept, exact
-    resume. Reports the student's and the teacher's dev scores, sizes and speeds.
+    resume. Reports the student's and the teacher's dev scores, sizes and speeds.""",
+    "regress": "Distil a fine-tuned regressor into a smaller student (mean-squared error to the teacher and the gold "
+               "score).",
+    "ner": "Distil a fine-tuned NER model into a smaller student (the teacher's tag distribution at each word).",
+    "qa": "Distil a fine-tuned question-answering model into a smaller student (the teacher's start and end "
+          "distributions over each window).",
+}
 
-    Args:
-        config: a JSON or YAML file of these settings (flags given here override it)
-        json: print the final summary as one JSON object
-    """
-    _distill("classify", settings, config, json, ctx)
+
+def _distill_command(task: str) -> None:
+    """`bertforge distill TASK`: one subcommand per task, each `DistillConfig`'s flags with its task set."""
+
+    def distill(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
+                **settings: Any) -> None:
+        from ..training.distill import run_distill
+
+        run_distill(settings_from(DistillConfig, settings, config, ctx, task=task), as_json=json)
+
+    distill.__name__ = distill.__qualname__ = f"distill_{task}"
+    distill.__doc__ = _DISTILL_HELP[task] + _DISTILL_ARGS
+    command(distill_app, task, settings=DistillConfig)(distill)
 
 
-@command(distill_app, "regress", settings=DistillConfig)
-def distill_regress(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
-                    **settings: Any) -> None:
-    """Distil a fine-tuned regressor into a smaller student (mean-squared error to the teacher and the gold score).
-
-    Args:
-        config: a JSON or YAML file of these settings (flags given here override it)
-        json: print the final summary as one JSON object
-    """
-    _distill("regress", settings, config, json, ctx)
+for _task in _DISTILL_HELP:
+    _distill_command(_task)
 
 
 @command(distill_app, "mlm", settings=DistillMLMConfig, settings_skip=frozenset({"corpus"}))
