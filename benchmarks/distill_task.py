@@ -107,12 +107,13 @@ def main() -> None:
         "machine": machine(), "command": f"python -m benchmarks.distill_task{task_flag} --rows {args.rows} "
                                          f"--seeds {args.seeds} --epochs {args.epochs:g}",
         "settings": {**hyper, "rows": args.rows, "student_layers": [0, 2, 4], "temperature": 2.0},
-        "teacher": {metric: teacher[metric], "seconds": round(teacher_s)},
+        "teacher": {metric: float(teacher[metric]), "seconds": round(teacher_s)},
         "students": runs,
         "distilled_of_teacher": round(distilled["mean"] / teacher[metric], 4),
-        "reaches_97_percent": distilled["mean"] >= 0.97 * teacher[metric],
-        "labels_only_does_not_do_as_well": plain["mean"] < distilled["mean"] - margin,
-        "student_speedup_fused_median": speedup, "fast_enough": speedup >= 1.8,
+        # (bool(): seqeval's scores are numpy floats, and json writes no numpy bool)
+        "reaches_97_percent": bool(distilled["mean"] >= 0.97 * teacher[metric]),
+        "labels_only_does_not_do_as_well": bool(plain["mean"] < distilled["mean"] - margin),
+        "student_speedup_fused_median": speedup, "fast_enough": bool(speedup >= 1.8),
     }
     print(json.dumps(result, indent=2))
     print("saved", save(RESULT_NAMES[args.task], result))
