@@ -198,27 +198,36 @@ def test_mlm_objective_and_prepared_input(tmp_path, corpus, tokenizer_dir):
     assert not (out / "data").exists()  # read the prepared shards in place
 
 
-def test_ddp_two_processes_equal_one_process(tmp_path, corpus, tokenizer_dir):
-    """torchrun with 2 CPU processes (gloo) ends with the weights of 1 process on the same global batch."""
+@pytest.mark.parametrize("command", [("pretrain",), ("distill", "mlm")])
+def test_ddp_two_processes_equal_one_process(tmp_path, corpus, tokenizer_dir, command):
+    """torchrun with 2 CPU processes (gloo) ends with the weights of 1 process on the same global batch: pretraining,
+    and task-agnostic distillation (its student learning from a 4-layer teacher) on the same loop."""
     init = tmp_path / "init"
     tok = Tokenizer.from_pretrained(tokenizer_dir)
-    config = BertConfig.from_preset("L2-H64", vocab_size=tok.vocab_size, hidden_dropout_prob=0.0,
+    layers = "L4-H64" if command[0] == "distill" else "L2-H64"
+    config = BertConfig.from_preset(layers, vocab_size=tok.vocab_size, hidden_dropout_prob=0.0,
                                     attention_probs_dropout_prob=0.0)
-    BertForPreTraining(config).save_pretrained(init, tokenizer=tok)
-    common = [str(corpus), "--model", str(init), "--seq-len", "32", "--batch-size", "4", "--lr", "2e-3",
-              "--warmup", "1", "--max-steps", "3", "--log-every", "1", "--seed", "3", "--workers", "1"]
+    (BertForMaskedLM if command[0] == "distill" else BertForPreTraining)(config).save_pretrained(init, tokenizer=tok)
+    common = [str(corpus), "--teacher" if command[0] == "distill" else "--model", str(init), "--seq-len", "32",
+              "--batch-size", "4", "--lr", "2e-3", "--warmup", "1", "--max-steps", "3", "--log-every", "1", "--seed",
+              "3", "--workers", "1"]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    single = subprocess.run([sys.executable, "-m", "bertforge", "pretrain", *common, "--grad-accum", "2",
+    single = subprocess.run([sys.executable, "-m", "bertforge", *command, *common, "--grad-accum", "2",
                              "--out", str(tmp_path / "one")], capture_output=True, text=True, env=env, timeout=600)
     assert single.returncode == 0, single.stderr
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "bertforge", "pretrain", *common, "--out", str(tmp_path / "two")],
+                          "-m", "bertforge", *command, *common, "--out", str(tmp_path / "two")],
                          capture_output=True, text=True, env=env, timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=2e-6, rtol=0, msg=lambda m: f"{key}: {m}")
-    start = weights(init)
+    if command[0] == "distill":  # the untrained student: the teacher's layers 0 and 2, as a DistilBERT
+        from bertforge.models.distillation import as_distilbert, cut_down
+
+        teacher = BertForMaskedLM.from_pretrained(init)
+        as_distilbert(cut_down(teacher, [0, 2])).save_pretrained(tmp_path / "start")
+    start = weights(tmp_path / "start" if command[0] == "distill" else init)
     assert any(not torch.equal(start[k], a[k]) for k in a)  # training really moved the weights
     rows_one = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     rows_two = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
