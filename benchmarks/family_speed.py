@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import platform
 import statistics
 import tempfile
 import time
@@ -29,6 +28,7 @@ import transformers
 import bertforge
 from bertforge.inference.fused import fuse_for_inference
 
+from .common import machine
 from .family_parity import FAMILIES, MODERNBERT_IDS, ROOT, texts, tokenizer_dir
 from .family_parity import sizes_for as family_sizes  # DistilBERT's names for the shape
 
@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     wiki, sst = texts()
-    result = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    result = {"machine": machine(), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "transformers": transformers.__version__, "sentences": len(sst),
               "repeats": args.repeats, "architectures": {}}
     with tempfile.TemporaryDirectory() as tmp:
