@@ -368,8 +368,8 @@ class DistillConfig(FinetuneConfig):
                                       "regress)")
     alpha: float = setting(0.5, "weight of the loss on the teacher's outputs; 1 - alpha goes to the gold labels")
     teacher_cache_mb: float = setting(1024.0, "keep the teacher's outputs on the training set in memory when they "
-                                              "take at most this many MiB, else run the teacher on each batch (0: "
-                                              "always)")
+                                              "take at most this many MiB, else run the teacher on each batch (0: the "
+                                              "latter always)")
     out: str = setting("bertforge-distill", "output directory")
     required = ("teacher", "train", "dev")
 
