@@ -7,6 +7,7 @@ that need it are skipped cleanly when it is absent.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+# Under pytest-xdist each worker gets its share of the cores. Left at torch's default, two workers
+# ran two OpenMP pools of two threads each on a 2-core machine, and small ops' spinning threads
+# fought for the cores: the two dropout-statistics tests took 240 s instead of 17. The variable
+# is set too, so the CLI runs the tests start as subprocesses inherit the share.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+    torch.set_num_threads(_share)
 
 
 def shared(*parts: str) -> Path:
