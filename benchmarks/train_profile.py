@@ -2,8 +2,9 @@
 
 B16 L128 WikiText-2 pairs, forward + backward + AdamW, for each (size, precision, AdamW kernel) asked;
 each operator's self time is put into a part by its name and its callers' (`part_of`): the linear
-layers' and decoder's matmuls, attention (SDPA, forward and backward), dropout masks, the loss
-(log-softmax), LayerNorm/GELU/adds, the optimizer, and the rest (copies, casts, indexing, framework).
+layers' and decoder's matmuls, attention (SDPA or bertforge's native kernel, forward and backward),
+dropout masks, the loss (log-softmax), LayerNorm/GELU/adds, the optimizer, and the rest (copies,
+casts, indexing, framework).
 The AdamW variants: torch's default on CPU (a loop over tensors), its foreach kernel, its fused one.
 
     python -m benchmarks.train_profile [--sizes mini,base] [--steps 3]
@@ -39,8 +40,8 @@ def part_of(event) -> str:
         return "optimizer"
     if "dropout" in joined or "bernoulli" in joined:
         return "dropout masks"
-    if "scaled_dot_product" in joined or "scaleddotproduct" in joined:
-        return "attention (SDPA)"
+    if "scaled_dot_product" in joined or "scaleddotproduct" in joined or "varlen_attention" in joined:
+        return "attention (SDPA or native kernel)"
     if event.name in MATMULS:
         return "matmuls (linear layers, MLM decoder)"
     if "log_softmax" in joined or "nll_loss" in joined:

@@ -1,8 +1,10 @@
 """Native CPU kernels, compiled from the C++ beside this file the first time they are needed.
 
-Two kernels, built together into one library:
+Three kernels, built together into one library (`simd.h` holds what they share):
 - `varlen_attention`: attention straight on the unpadded tokens of the fused encoder, for
   inference (see `varlen_attention.cpp` for how and why);
+- `varlen_attention_train`: the same for training, forward and backward, with attention dropout
+  hashed in (`attention_train.cpp`; the autograd wrapper is `kernels.attention`);
 - `hashed_dropout`: training's dropout with a mask hashed from each element's index, so it is
   cheap to draw and never stored (`dropout.cpp`; the autograd wrapper is `kernels.dropout`).
 
@@ -23,6 +25,7 @@ dropout the same bits (its hash is written in torch's integer ops too), only slo
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import time
@@ -34,7 +37,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SWITCH = "BERTFORGE_NATIVE_KERNELS"
-_SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "dropout.cpp")]
+_SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "attention_train.cpp", "dropout.cpp")]
+_HEADERS = [Path(__file__).with_name("simd.h")]
 # -fopenmp: at::parallel_for is inline and, in OpenMP builds of torch, an `omp parallel` region;
 # without the flag it runs on one thread. No OpenMP library is linked: the symbols resolve to the
 # one torch already loaded, so the process keeps a single thread pool.
@@ -71,7 +75,9 @@ def library() -> bool:
     if os.environ.get(SWITCH, "1") == "0":
         return False
     capability = isa()
-    name = f"bertforge_kernels_{capability.lower()}"
+    # torch rebuilds when a source's text changes, but not a header's: the name carries them all.
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)).hexdigest()[:10]
+    name = f"bertforge_kernels_{capability.lower()}_{digest}"
     start = time.perf_counter()
     try:
         from torch.utils.cpp_extension import _get_build_directory, load
@@ -108,3 +114,11 @@ def hashed_dropout() -> Callable[[torch.Tensor, int, int, float], torch.Tensor] 
     like x, `x * scale` where hash(index, key) >= threshold and 0 elsewhere (see dropout.cpp).
     """
     return torch.ops.bertforge.hashed_dropout if library() else None
+
+
+def varlen_attention_train() -> tuple[Callable, Callable] | None:
+    """The native training attention's (forward, backward) ops, built or loaded on first call;
+    None where they cannot be had. See `kernels.attention` for what they take and return."""
+    if not library():
+        return None
+    return torch.ops.bertforge.varlen_attention_train, torch.ops.bertforge.varlen_attention_train_backward

@@ -23,67 +23,21 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd.h"
+
 namespace {
 
-constexpr int W = 16;  // elements per vector
-typedef float vf __attribute__((vector_size(W * sizeof(float))));
-typedef uint32_t vu __attribute__((vector_size(W * sizeof(uint32_t))));
-typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
-typedef uint16_t vh __attribute__((vector_size(W * sizeof(uint16_t))));
-
-constexpr uint32_t kSpread = 0x9E3779B1u;  // odd, ~2^32 / golden ratio: spreads consecutive indices
-
-// A 32-bit integer mixer (a bijection): each output bit depends on every input bit.
-inline vu mix(vu h) {
-  h ^= h >> 16;
-  h *= 0x21f0aaadu;
-  h ^= h >> 15;
-  h *= 0x735a2d97u;
-  h ^= h >> 15;
-  return h;
-}
-
-// 16 elements at a time through float32 vectors, whatever the stored type.
-template <typename T> struct Io;
-
-template <> struct Io<float> {
-  static vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
-  static void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-};
-
-template <> struct Io<c10::BFloat16> {
-  static vf load(const c10::BFloat16* p) {
-    vh raw;
-    std::memcpy(&raw, p, sizeof(raw));
-    vu bits = __builtin_convertvector(raw, vu) << 16;  // a bfloat16 is a float32's top half
-    vf v;
-    std::memcpy(&v, &bits, sizeof(v));
-    return v;
-  }
-  static void store(c10::BFloat16* p, vf v) {
-    vu bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    vu rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;  // round to nearest, ties to even
-    const vi nan = v != v;
-    rounded = nan ? vu{} + 0x7FC0u : rounded;  // c10's quiet NaN
-    vh raw = __builtin_convertvector(rounded, vh);
-    std::memcpy(p, &raw, sizeof(raw));
-  }
-};
+using namespace bertforge_simd;
 
 template <typename T>
 void apply(const T* x, T* y, int64_t n, uint32_t k0, uint32_t k1, uint32_t threshold, float scale) {
-  vu lane;
-  for (int j = 0; j < W; ++j) lane[j] = static_cast<uint32_t>(j);
   const int64_t blocks = (n + W - 1) / W;
   at::parallel_for(0, blocks, 1024, [&](int64_t begin, int64_t end) {
     T in[W], out[W];
     for (int64_t b = begin; b < end; ++b) {
       const int64_t start = b * W;
       const int64_t count = std::min<int64_t>(W, n - start);
-      const vu index = lane + static_cast<uint32_t>(start);
-      const vu h = mix(mix(index * kSpread + k0) ^ k1);
-      const vi keep = h >= threshold;
+      const vi keep = kept(static_cast<uint32_t>(start), k0, k1, threshold);
       if (count == W) {
         const vf v = Io<T>::load(x + start);
         Io<T>::store(y + start, keep ? v * scale : vf{});

@@ -31,55 +31,13 @@
 #include <limits>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-constexpr int W = 16;   // floats per vector (two registers on AVX2, four on SSE)
+using namespace bertforge_simd;
+
 constexpr int QB = 4;   // queries computed together
-typedef float vf __attribute__((vector_size(W * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
-
-inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof(v)); return v; }
-inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-inline vf splat(float x) { return vf{} + x; }
-
-// e^x for x <= 0, the only range softmax needs once the max is subtracted; 0 below e^-64.
-// Why the cut: a probability under e^-64 (1.6e-28) of the largest cannot change a float32
-// output, but its products with v are denormals, which real attention rows are full of and
-// which took ~30% of this kernel's time on BERT's attention (AMD EPYC) before the cut.
-inline vf exp_nonpositive(vf x) {
-  const vi dropped = x < -64.0f;
-  x = dropped ? splat(-64.0f) : x;
-  // n = round(x / ln 2); x <= 0, so truncating x / ln 2 - 0.5 toward zero rounds to nearest.
-  vi n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi);
-  vf nf = __builtin_convertvector(n, vf);
-  vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;  // x - n ln 2, ln 2 split in two for precision
-  vf y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
-          + 1.6666665459e-1f) * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  y *= (vf)((n + 127) << 23);  // times 2^n, built in the exponent bits
-  return dropped ? vf{} : y;
-}
-
-// Horizontal max and sum: fold the vector in halves four times.
-inline float hmax(vf v) {
-  vf t = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  v = v > t ? v : t;
-  t = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  v = v > t ? v : t;
-  t = __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  v = v > t ? v : t;
-  t = __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  v = v > t ? v : t;
-  return v[0];
-}
-
-inline float hsum(vf v) {
-  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  return v[0];
-}
 
 // p v for QB rows of probabilities, each scaled by its 1 / sum at the end. D > 0 is the head
 // size known at compile time (its accumulators stay in registers); D == 0 is any other size.

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import attention as training_attention
 from ..kernels.dropout import dropout
 from .config import HIDDEN_ACT, BertConfig
 from .padding import Packing, from_sequences, to_sequences
@@ -94,6 +95,16 @@ class SelfAttention(nn.Module):
         float [B, nh, T, T] when `output_attentions`, else None.
         """
         q, k, v = self.query(x), self.key(x), self.value(x)
+        if self.training and not output_attentions and fused_training(self, q) and (packed is not None or mask is None):
+            # Training on CPU: attention straight on the real tokens, keeping no padded [B, nh, T, T] tensors.
+            if packed is not None:
+                cu_seqlens = packed.cu_seqlens
+            else:  # every row full: B sequences of T tokens
+                B, T, H = x.shape
+                cu_seqlens = torch.arange(0, (B + 1) * T, T, device=x.device)
+                q, k, v = q.reshape(B * T, H), k.reshape(B * T, H), v.reshape(B * T, H)
+            context = training_attention.attention(q, k, v, cu_seqlens, self.num_heads, self.dropout_p)
+            return self.out(context.view(x.shape)), None
         if packed is not None:  # attention needs the sequences: scatter the real tokens into one row each
             q, k, v = to_sequences(q, packed), to_sequences(k, packed), to_sequences(v, packed)
             mask = packed.key_mask
@@ -112,6 +123,14 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         context, probs = scaled_attention(q, k, v, mask, self.dropout_p, self.training, output_attentions)
         return context.transpose(1, 2).reshape(B, T, H), probs  # re-join the heads
+
+
+def fused_training(module: SelfAttention, q: torch.Tensor) -> bool:
+    """Whether `module` trains with the native fused varlen attention (`kernels.attention`): eager on
+    CPU, float32 or bf16, a head size the kernel is built for, and BERT's own `attend` (a family that
+    changes the scores keeps its path). Elsewhere the explicit path below, with the hashed dropout."""
+    return (not torch.compiler.is_compiling() and type(module).attend is SelfAttention.attend
+            and training_attention.native(q, module.num_heads))
 
 
 def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float,

@@ -1,0 +1,83 @@
+"""What one of bertforge's training kernels buys a training step: bertforge's model step with it
+against the same model without it, interleaved step for step on the same batches (B16 L128 masked
+WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
+
+- `dropout`: the hashed dropout kernel against torch's dropout (`F.dropout`: a Bernoulli draw per
+  element, the mask stored for the backward pass), both on the explicit attention path (scores,
+  softmax, dropout, @ v). Before the kernel, training used SDPA with its own dropout, which measured
+  slower than that explicit path with F.dropout (18.4 against 16.7 ms for a `mini` attention's
+  forward and backward), so the ratio is a conservative "before". (Recorded as
+  `benchmarks.dropout_ab`, this module's name then.)
+- `attention`: the fused varlen attention for training (`kernels/attention_train.cpp`: forward and
+  backward on the real tokens, dropout hashed in) against the explicit path it replaced, which
+  scatters the tokens into padded rows and keeps [B, nh, T, T] scores; both with hashed dropout.
+
+    python -m benchmarks.train_ab --change dropout|attention [--sizes mini,base] [--steps 8]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import torch
+import torch.nn.functional as F
+
+from bertforge import Tokenizer
+from bertforge.models import layers
+
+from .common import machine, minilm_dir, save
+from .pretrain_throughput import paired_models
+from .train_peak import PRECISIONS, interleaved_rates, masked_batches, sizes_and_steps
+
+
+@contextlib.contextmanager
+def replaced(module, name: str, value):
+    """module.name = value for the duration."""
+    kept = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, kept)
+
+
+# --change: (the result file, the name of the step without the kernel, how to run it, the name with it).
+CHANGES = {
+    "dropout": ("dropout_ab", "torch dropout",
+                lambda: replaced(layers, "dropout", lambda x, p, training=True: F.dropout(x, p, training)),
+                "hashed dropout"),
+    "attention": ("attention_ab", "explicit attention",
+                  lambda: replaced(layers, "fused_training", lambda module, q: False), "fused attention"),
+}
+
+
+def measure(change: str, sizes: list[str], steps: int, warmup: int = 2) -> dict:
+    _, before, without, after = CHANGES[change]
+    tokenizer = Tokenizer.from_pretrained(minilm_dir())
+    batches = masked_batches(tokenizer, warmup + steps)
+    result = {"machine": machine(), "batch_size": 16, "seq_len": 128, "torch": torch.__version__,
+              "command": f"python -m benchmarks.train_ab --change {change} --sizes {','.join(sizes)} --steps {steps}",
+              "rows": []}
+    for size in sizes:
+        ours, _ = paired_models(size, tokenizer)
+        optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True)
+        runners = {before: (ours, optimizer, without), after: (ours, optimizer, None)}
+        for precision in PRECISIONS:
+            rates = interleaved_rates(runners, batches, precision, warmup)
+            row = {"size": size, "precision": precision, **{f"{k} tokens/s": round(v) for k, v in rates.items()},
+                   "speedup": round(rates[after] / rates[before], 2)}
+            result["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = sizes_and_steps(__doc__, steps=8)
+    parser.add_argument("--change", choices=sorted(CHANGES), required=True, help="which kernel to measure")
+    args = parser.parse_args()
+    print("saved", save(CHANGES[args.change][0], measure(args.change, args.sizes.split(","), args.steps)))
+
+
+if __name__ == "__main__":
+    main()
