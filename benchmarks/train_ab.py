@@ -11,8 +11,10 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
 - `attention`: the fused varlen attention for training (`kernels/attention_train.cpp`: forward and
   backward on the real tokens, dropout hashed in) against the explicit path it replaced, which
   scatters the tokens into padded rows and keeps [B, nh, T, T] scores; both with hashed dropout.
+- `loss`: the masked-LM loss on the native cross-entropy (`kernels/cross_entropy.cpp`) against
+  torch's `F.cross_entropy(logits.float(), targets)`, which writes [M, V] float32 tensors.
 
-    python -m benchmarks.train_ab --change dropout|attention [--sizes mini,base] [--steps 8]
+    python -m benchmarks.train_ab --change dropout|attention|loss [--sizes mini,base] [--steps 8]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import Tokenizer
-from bertforge.models import layers
+from bertforge.models import heads, layers
 
 from .common import machine, minilm_dir, save
 from .pretrain_throughput import paired_models
@@ -49,6 +51,9 @@ CHANGES = {
                 "hashed dropout"),
     "attention": ("attention_ab", "explicit attention",
                   lambda: replaced(layers, "fused_training", lambda module, q: False), "fused attention"),
+    "loss": ("loss_ab", "torch's cross-entropy",
+             lambda: replaced(heads, "cross_entropy", lambda logits, targets: F.cross_entropy(logits.float(), targets)),
+             "native cross-entropy"),
 }
 
 

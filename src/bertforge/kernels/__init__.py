@@ -1,21 +1,25 @@
 """Native CPU kernels, compiled from the C++ beside this file the first time they are needed.
 
-Three kernels, built together into one library (`simd.h` holds what they share):
+Four kernels, built together into one library (`simd.h` holds what they share):
 - `varlen_attention`: attention straight on the unpadded tokens of the fused encoder, for
   inference (see `varlen_attention.cpp` for how and why);
 - `varlen_attention_train`: the same for training, forward and backward, with attention dropout
   hashed in (`attention_train.cpp`; the autograd wrapper is `kernels.attention`);
 - `hashed_dropout`: training's dropout with a mask hashed from each element's index, so it is
-  cheap to draw and never stored (`dropout.cpp`; the autograd wrapper is `kernels.dropout`).
+  cheap to draw and never stored (`dropout.cpp`; the autograd wrapper is `kernels.dropout`);
+- `cross_entropy`: the masked-LM loss over the vocabulary without torch's [M, V] float32
+  intermediates (`cross_entropy.cpp`; the autograd wrapper is `kernels.cross_entropy`).
 
 They are built with PyTorch's own extension
 tooling (`torch.utils.cpp_extension.load`: a C++ compiler and ninja), once per machine, into
 PyTorch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions);
 about 10 s on a 2-core machine, then a load of a few milliseconds.
 
-Where they cannot be built (no compiler) bertforge says so once and runs both in PyTorch ops
-instead: attention gives the same numbers within float rounding (measured ~7% slower end to end),
-dropout the same bits (its hash is written in torch's integer ops too), only slower.
+Where they cannot be built (no compiler) bertforge says so once and runs them in PyTorch ops
+instead: inference attention and the loss give the same numbers within float rounding (attention
+measured ~7% slower end to end), dropout the same bits (its hash is written in torch's integer ops
+too), only slower; training attention takes the explicit padded path, whose attention-dropout masks
+are drawn over another layout.
 `BERTFORGE_NATIVE_KERNELS=0` chooses those paths on purpose.
 
     attend = varlen_attention()      # None where unavailable
@@ -37,7 +41,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SWITCH = "BERTFORGE_NATIVE_KERNELS"
-_SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "attention_train.cpp", "dropout.cpp")]
+_SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "attention_train.cpp", "dropout.cpp",
+                                                     "cross_entropy.cpp")]
 _HEADERS = [Path(__file__).with_name("simd.h")]
 # -fopenmp: at::parallel_for is inline and, in OpenMP builds of torch, an `omp parallel` region;
 # without the flag it runs on one thread. No OpenMP library is linked: the symbols resolve to the
@@ -90,8 +95,8 @@ def library() -> bool:
              extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS.get(capability, [])], is_python_module=False, verbose=False)
     except Exception as error:  # no compiler or no ninja: slower paths, not wrong ones
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        log.warning("bertforge's native kernels could not be built (%s); attention at inference and "
-                    "dropout in training run in PyTorch ops instead (the same numbers, slower). Set %s=0 "
+        log.warning("bertforge's native kernels could not be built (%s); attention, dropout and the "
+                    "masked-LM loss run in PyTorch ops instead (the same numbers, slower). Set %s=0 "
                     "to skip this attempt.", reason, SWITCH)
         return False
     log.debug("native kernels ready (%s) in %.1f s", capability, time.perf_counter() - start)
@@ -122,3 +127,11 @@ def varlen_attention_train() -> tuple[Callable, Callable] | None:
     if not library():
         return None
     return torch.ops.bertforge.varlen_attention_train, torch.ops.bertforge.varlen_attention_train_backward
+
+
+def native_cross_entropy() -> tuple[Callable, Callable] | None:
+    """The native cross-entropy's (forward, backward) ops, built or loaded on first call; None where
+    they cannot be had. See `kernels.cross_entropy` for what they take and return."""
+    if not library():
+        return None
+    return torch.ops.bertforge.cross_entropy, torch.ops.bertforge.cross_entropy_backward

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..constants import IGNORE_INDEX
+from ..kernels.cross_entropy import cross_entropy
 from .bert import BertModel, BertPreTrainedModel
 from .config import BertConfig
 from .layers import Dropout, activation
@@ -105,7 +106,8 @@ class MaskedLMHead(nn.Module):
         targets = labels[selected]  # (N,)
         if targets.numel() == 0:  # nothing masked in this batch: a zero loss that still has a graph
             return logits, logits.sum() * 0.0
-        return logits, F.cross_entropy(logits.float(), targets)
+        # torch's F.cross_entropy(logits.float(), targets), without its [N, V] float32 intermediates.
+        return logits, cross_entropy(logits, targets)
 
 
 class ClassificationHead(nn.Module):
