@@ -3,8 +3,8 @@
 B16 L128 WikiText-2 pairs, forward + backward + AdamW, for each (size, precision, AdamW kernel) asked;
 each operator's self time is put into a part by its name and its callers' (`part_of`): the linear
 layers' and decoder's matmuls, attention (SDPA or bertforge's native kernel, forward and backward),
-dropout masks, the loss (log-softmax), LayerNorm/GELU/adds, the optimizer, and the rest (copies,
-casts, indexing, framework).
+dropout masks, the loss (log-softmax, or bertforge's cross-entropy kernel), LayerNorm/GELU/adds, the
+optimizer, and the rest (copies, casts, indexing, framework).
 The AdamW variants: torch's default on CPU (a loop over tensors), its foreach kernel, its fused one.
 
     python -m benchmarks.train_profile [--sizes mini,base] [--steps 3]
@@ -44,8 +44,8 @@ def part_of(event) -> str:
         return "attention (SDPA or native kernel)"
     if event.name in MATMULS:
         return "matmuls (linear layers, MLM decoder)"
-    if "log_softmax" in joined or "nll_loss" in joined:
-        return "loss (log-softmax)"
+    if "log_softmax" in joined or "nll_loss" in joined or "cross_entropy" in joined:
+        return "loss (log-softmax or native cross-entropy)"
     if any(word in joined for word in ("layer_norm", "gelu", "aten::add", "aten::mul", "aten::sum", "tanh")):
         return "LayerNorm, GELU, adds"
     return "copies, casts, indexing, framework"
