@@ -12,6 +12,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from .. import invocation
+
 
 def init() -> None:
     """Join the process group when launched by torchrun; a no-op for a single process."""
@@ -103,5 +105,9 @@ def gather_cpu(t: torch.Tensor) -> list[torch.Tensor] | None:
 
 
 def cleanup() -> None:
+    """End the process group once every rank is here, so that no rank tears its connections down
+    while rank 0 still writes the final model, and note it for the CLI's exit (`cli.main`)."""
     if is_distributed():
+        dist.barrier()
         dist.destroy_process_group()
+        invocation.ended_process_group = True
