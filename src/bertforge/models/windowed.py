@@ -55,7 +55,8 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window
     query_pad = ~F.pad(valid, (0, Tq - T)).view(B, blocks, c, 1)
     mask = (mask | query_pad).reshape(-1, 1, c, span)
     if dropout_p > 0.0 and training and q.device.type == "cpu" and not torch.compiler.is_compiling():
-        # As SelfAttention: eager CPU training takes the explicit path and bertforge's hashed dropout.
+        # As `scaled_attention` (where the fused kernel does not apply): eager CPU training takes the explicit
+        # path and bertforge's hashed dropout.
         scores = (qb @ kb.transpose(-2, -1)) / math.sqrt(hd)
         probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         context = dropout(probs, dropout_p, training) @ vb
