@@ -19,8 +19,8 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
 
 from __future__ import annotations
 
-import contextlib
 import json
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -33,26 +33,16 @@ from .pretrain_throughput import paired_models
 from .train_peak import PRECISIONS, interleaved_rates, masked_batches, sizes_and_steps
 
 
-@contextlib.contextmanager
-def replaced(module, name: str, value):
-    """module.name = value for the duration."""
-    kept = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, kept)
-
-
-# --change: (the result file, the name of the step without the kernel, how to run it, the name with it).
+# --change: (the result file, the name of the step without the kernel, a context that swaps the kernel
+# out for torch's own ops, the name with it).
 CHANGES = {
     "dropout": ("dropout_ab", "torch dropout",
-                lambda: replaced(layers, "dropout", lambda x, p, training=True: F.dropout(x, p, training)),
+                lambda: patch.object(layers, "dropout", lambda x, p, training=True: F.dropout(x, p, training)),
                 "hashed dropout"),
     "attention": ("attention_ab", "explicit attention",
-                  lambda: replaced(layers, "fused_training", lambda module, q: False), "fused attention"),
+                  lambda: patch.object(layers, "fused_training", lambda module, q: False), "fused attention"),
     "loss": ("loss_ab", "torch's cross-entropy",
-             lambda: replaced(heads, "cross_entropy", lambda logits, targets: F.cross_entropy(logits.float(), targets)),
+             lambda: patch.object(heads, "cross_entropy", lambda logits, t: F.cross_entropy(logits.float(), t)),
              "native cross-entropy"),
 }
 

@@ -22,7 +22,7 @@ LENGTHS = [5, 16, 1, 33, 70, 17]
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    assert training_attention.varlen_attention_train() is not None, "a compiler is present, yet the kernel did not build"
+    assert training_attention.varlen_attention_train() is not None, "a compiler is present, yet no kernel was built"
 
 
 def inputs(lengths: list[int], heads: int, d: int, dtype: torch.dtype, seed: int = 0):

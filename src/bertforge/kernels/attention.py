@@ -11,7 +11,8 @@ torch's default generator per call, so seeding, exact resume and each DDP rank's
 sequences, autograd doing the backward pass): what the tests hold the kernel to, and the path
 `attention()` takes where the native op cannot. The model layers take their own explicit padded
 path there instead (`models.layers.fused_training`), which is faster than this loop on many
-short sequences; its attention-dropout masks are drawn over the padded layout, so they differ. Shapes: N real tokens, H = num_heads * d, S sequences.
+short sequences; its attention-dropout masks are drawn over the padded layout, so they differ.
+Shapes: N real tokens, H = num_heads * d, S sequences.
 
     context = attention(q, k, v, cu_seqlens, num_heads=12, dropout_p=0.1)   # [N, H] x3 -> [N, H]
 """

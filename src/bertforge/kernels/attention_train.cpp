@@ -253,7 +253,8 @@ void backward_task(const T* grad, const T* q, const T* k, const T* v, const floa
 // and short sequences spread evenly), the longest length, and the probabilities' size.
 std::vector<Task> plan(const at::Tensor& q, const at::Tensor& cu_seqlens, int64_t num_heads, int64_t& max_len,
                        int64_t& total) {
-  TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 2, "varlen_attention_train: cu_seqlens must run from 0 to N");
+  TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 2,
+              "varlen_attention_train: cu_seqlens must run from 0 to N");
   const at::Tensor cu = cu_seqlens.to(at::kLong).contiguous();
   const int64_t* starts = cu.data_ptr<int64_t>();
   const int64_t S = cu.numel() - 1;

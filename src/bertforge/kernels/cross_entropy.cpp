@@ -104,7 +104,8 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy(const at::Tensor& logits, const
   at::Tensor losses = at::empty({M}, logits.options().dtype(at::kFloat));
   at::Tensor lse = at::empty({M}, logits.options().dtype(at::kFloat));
   if (logits.scalar_type() == at::kFloat)
-    forward_rows(logits.data_ptr<float>(), targets.data_ptr<int64_t>(), losses.data_ptr<float>(), lse.data_ptr<float>(), M, V);
+    forward_rows(logits.data_ptr<float>(), targets.data_ptr<int64_t>(), losses.data_ptr<float>(),
+                 lse.data_ptr<float>(), M, V);
   else
     forward_rows(logits.data_ptr<c10::BFloat16>(), targets.data_ptr<int64_t>(), losses.data_ptr<float>(),
                  lse.data_ptr<float>(), M, V);
