@@ -1,5 +1,6 @@
 """The native varlen attention kernel (`bertforge.kernels`) against attention written in plain
-PyTorch, on ragged batches, several head sizes and extreme scores; and its fallback."""
+PyTorch, on ragged batches, several head sizes and extreme scores, with and without ModernBERT's
+rotary positions and local window; and its fallback."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from bertforge import kernels
+from bertforge.models.modernbert import rotary_tables, rotate
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel with")
 
@@ -21,13 +23,24 @@ def attend():
     return op
 
 
-def reference(qkv: torch.Tensor, lengths: list[int], heads: int) -> torch.Tensor:
-    """softmax(q k^T) v per head and sequence, one sequence at a time, in qkv's dtype."""
+def reference(qkv: torch.Tensor, lengths: list[int], heads: int, rotary: tuple | None = None,
+              window: int = -1) -> torch.Tensor:
+    """softmax(q k^T) v per head and sequence, one sequence at a time, in qkv's dtype; with rotary
+    (cos, sin [N, hd]), q and k rotated as ModernBERT rotates them; with window >= 0, query i sees
+    only keys j with |i - j| <= window."""
     H = qkv.shape[1] // 3
     out, start = [], 0
     for n in lengths:
-        q, k, v = (t.view(n, heads, -1).transpose(0, 1) for t in qkv[start:start + n].split(H, dim=1))
-        out.append((q @ k.transpose(1, 2)).softmax(-1).matmul(v).transpose(0, 1).reshape(n, H))
+        q, k, v = (t.view(n, heads, -1) for t in qkv[start:start + n].split(H, dim=1))
+        if rotary is not None:
+            cos, sin = (t[start:start + n].to(qkv.dtype) for t in rotary)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+        scores = q @ k.transpose(1, 2)
+        if window >= 0:
+            i = torch.arange(n)
+            scores = scores.masked_fill((i[:, None] - i[None, :]).abs() > window, float("-inf"))
+        out.append(scores.softmax(-1).matmul(v).transpose(0, 1).reshape(n, H))
         start += n
     return torch.cat(out)
 
@@ -50,6 +63,44 @@ def test_kernel_matches_attention_per_sequence(attend, hidden, heads):
         torch_error = (reference(qkv, lengths, heads) - exact).abs().max().item()
         assert got.shape == exact.shape
         assert (got - exact).abs().max().item() <= 2 * torch_error + 1e-5 * exact.abs().max().item()
+
+
+def assert_near(got: torch.Tensor, qkv: torch.Tensor, *args) -> None:
+    """got is as close to the float64 answer as PyTorch's own float32 attention is (twice that, plus
+    1e-6: the rounding of exps, sums and rotations differs, not its size)."""
+    exact = reference(qkv.double(), *args)
+    torch_error = (reference(qkv, *args) - exact).abs().max().item()
+    assert got.shape == exact.shape
+    assert (got - exact).abs().max().item() <= 2 * torch_error + 1e-6
+
+
+@pytest.mark.parametrize("hidden,heads", [(128, 2), (96, 4)], ids=["d64", "d24"])
+@pytest.mark.parametrize("window", [-1, 0, 3, 16, 40])
+def test_rotary_and_window_match_modernbert_attention(attend, hidden, heads, window):
+    """Rotary positions applied in the kernel and a local window (0: each token sees only itself; 3
+    and 16: inside and at one vector width; 40: wider than most sequences), against the eager
+    rotation and a masked softmax in float64. Positions restart in each sequence, as unpadded."""
+    torch.manual_seed(2)
+    lengths = [1, 15, 16, 17, 33, 130, 300, 5]
+    qkv = torch.randn(sum(lengths), 3 * hidden)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    cos, sin = rotary_tables(positions, 10_000.0, hidden // heads)
+    got = attend(qkv, cu(lengths), heads, cos, sin, window)
+    assert_near(got, qkv, lengths, heads, (cos, sin), window)
+    if window >= 0:  # and the window is the only difference from full attention
+        full = attend(qkv, cu(lengths), heads, cos, sin, -1)
+        assert (got - full).abs().max().item() > 1e-3
+        assert torch.equal(got[:1], full[:1])  # a one-token sequence sees itself either way
+
+
+def test_long_sequences_match(attend):
+    """One sequence of 2,048 tokens (a power-of-two key stride) and one of 1,100, global and local."""
+    torch.manual_seed(3)
+    lengths = [2048, 1100]
+    qkv = torch.randn(sum(lengths), 3 * 128)
+    cos, sin = rotary_tables(torch.cat([torch.arange(n) for n in lengths]), 160_000.0, 64)
+    for window in (-1, 64):
+        assert_near(attend(qkv, cu(lengths), 2, cos, sin, window), qkv, lengths, 2, (cos, sin), window)
 
 
 def test_kernel_is_the_same_bit_for_bit_at_any_thread_count(attend):
@@ -77,6 +128,14 @@ def test_kernel_refuses_inputs_it_cannot_read(attend):
         attend(qkv, torch.tensor([0, 4, 4, 10], dtype=torch.int32), 2)  # an empty sequence
     with pytest.raises(RuntimeError, match="contiguous float32"):
         attend(qkv.double(), torch.tensor([0, 10], dtype=torch.int32), 2)
+    whole = torch.tensor([0, 10], dtype=torch.int32)
+    cos = torch.ones(10, 32)
+    with pytest.raises(RuntimeError, match="both cos and sin"):
+        attend(qkv, whole, 2, cos, None)
+    with pytest.raises(RuntimeError, match=r"float32 \[N, head size\]"):
+        attend(qkv, whole, 2, cos[:9], cos[:9])  # a row short
+    with pytest.raises(RuntimeError, match=r"float32 \[N, head size\]"):
+        attend(qkv, whole, 2, cos.double(), cos.double())
 
 
 def test_switched_off_or_unbuildable_means_none_and_one_warning(monkeypatch, caplog):
