@@ -9,8 +9,9 @@ of its family trained on WikiText-2:
 Inputs: every SST-2 dev sentence in length-sorted batches of 32, or (--tokens N) --rows rows of exactly
 N tokens cut from WikiText-2 as one stream, in batches of --batch. Runners, interleaved pass by pass so
 the machine's drift falls on all alike:
-- bertforge: `AutoModel` on torch (every bertforge backend but ONNX runs these two families this way:
-  the fused one leaves their blocks as they are), unpadded;
+- bertforge: `AutoModel` on its default backend, `fused` (ModernBERT's blocks on packed oneDNN weights
+  and the native rotary/windowed attention kernel; DeBERTa's blocks as they are), unpadded; under
+  --precision bf16 the fused blocks step aside for eager PyTorch under the same autocast;
 - transformers: eager and, where the family has it (ModernBERT), SDPA attention;
 - onnxruntime: bertforge's ONNX export of the same model (`--backend onnx`), where installed.
 Reports rows/s per runner and bertforge's ratio to each, per pass as mean ± std; --precision bf16 runs
@@ -93,7 +94,7 @@ def inputs(path: Path, sst: list[str], wiki: list[str], tokens: int | None, rows
 
 
 def runners(arch: str, path: Path, onnx: bool = True) -> dict:
-    out = {"bertforge": bertforge.AutoModel.from_pretrained(path).eval()}
+    out = {"bertforge": load_backend(bertforge.AutoModel.from_pretrained(path), "fused")}
     kinds = ("sdpa", "eager") if arch == "modernbert" else ("eager",)
     for kind in kinds:
         name = "transformers" if len(kinds) == 1 else f"transformers-{kind}"

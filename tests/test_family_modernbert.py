@@ -213,3 +213,50 @@ def test_windowed_attention_matches_a_banded_mask():
         want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=band).transpose(1, 2)
         torch.testing.assert_close(got[real], want[real], atol=1e-6, rtol=0)
         assert torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize("options", [dict(attention_bias=True, mlp_bias=True, norm_bias=True),
+                                     dict(hidden_activation="silu")], ids=["biases", "silu-no-biases"])
+def test_fused_path_equals_transformers(tmp_path, monkeypatch, options):
+    """The fused CPU path (packed oneDNN weights, rotary and window in the native kernel, GeGLU as two matmuls
+    with fused post-ops) against transformers: padded rows longer than the window, full rows, packed rows, and
+    global layers on either side of LONGEST_NATIVE_GLOBAL (the kernel, then SDPA); weights repacked after an
+    in-place change; training, gradients and autocast on the eager path."""
+    from bertforge import kernels
+    from bertforge.inference import fused, fused_modern
+
+    if not fused.available() or kernels.varlen_attention() is None:
+        pytest.skip("no oneDNN kernels or no native attention kernel here")
+    theirs, eager = hf_pair(tmp_path, **options)
+    fast = fused.fuse_for_inference(bertforge.ModernBertModel.from_pretrained(tmp_path))
+    assert all(isinstance(layer.forward, fused_modern.FusedPreNormLayer) for layer in fast.layers)
+    torch.manual_seed(1)
+    ids = torch.randint(3, 100, (3, 300))
+    mask = torch.ones_like(ids)
+    mask[1, 217:] = 0
+    mask[2, 3:] = 0
+    real = mask.bool()
+    a, b = torch.randint(3, 100, (1, 30)), torch.randint(3, 100, (1, 21))
+    packed = dict(input_ids=torch.cat([a, b], dim=1), position_ids=torch.cat([torch.arange(30), torch.arange(21)])[None])
+    with torch.no_grad():
+        for longest in (fused_modern.LONGEST_NATIVE_GLOBAL, 100):  # 300-token rows: global layers native, then SDPA
+            monkeypatch.setattr(fused_modern, "LONGEST_NATIVE_GLOBAL", longest)
+            for inputs, keep in ((dict(input_ids=ids, attention_mask=mask), real), (dict(input_ids=ids), ...)):
+                expected = theirs(**inputs).last_hidden_state[keep]
+                got = fast(**inputs).last_hidden_state[keep]
+                torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+                assert not torch.equal(got, eager(**inputs).last_hidden_state[keep])  # another computation
+        together = fast(**packed).last_hidden_state[0]
+        torch.testing.assert_close(together, eager(**packed).last_hidden_state[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(together[30:], fast(b).last_hidden_state[0], atol=1e-5, rtol=0)
+        for model in (eager, fast):  # an in-place update, as an optimizer step or load_state_dict makes
+            model.layers[1].ffn.up.weight.mul_(1.5)
+            model.layers[2].attention.qkv.weight.add_(0.01)
+        torch.testing.assert_close(fast(ids).last_hidden_state, eager(ids).last_hidden_state, atol=1e-5, rtol=0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 runs the eager blocks under the same autocast
+            assert torch.equal(fast(ids).last_hidden_state, eager(ids).last_hidden_state)
+    fast.train(), eager.train()
+    out = fast(ids).last_hidden_state
+    out.sum().backward()
+    assert fast.layers[0].attention.qkv.weight.grad is not None
+    assert torch.equal(out.detach(), eager(ids).last_hidden_state.detach())

@@ -21,6 +21,10 @@ without changing their maths or the model's parameters:
    and on SST-2's ~25 tokens it took 13% of the encoder's time for ~1% of its FLOPs. Either
    way the query's 1/sqrt(head_dim) is folded into the packed query weights.
 
+ModernBERT's pre-norm rotary blocks get the same treatment in `fused_modern.py` (rotary and
+the local window inside the kernel, GeGLU as fused matmuls); DeBERTa's blocks run as they are.
+Packed weights and their repacking live in `onednn.py`.
+
 The outputs equal eager PyTorch's up to summation order (about 1e-6 relative; the tests check
 1e-4 on real checkpoints). The packed weights are copies: each layer notes the version counter
 of every parameter it packed and packs again after any in-place change (an optimizer step, a
@@ -41,64 +45,34 @@ from .. import kernels
 from ..models.bert import BertModel
 from ..models.layers import BertLayer, SelfAttention
 from ..models.padding import Packing, from_sequences, to_sequences
+from .fused_modern import fuse_prenorm_layers
+from .onednn import Packed, PackedBlock, available, post_op
 
-_mkldnn = torch.ops.mkldnn
-# config.hidden_act kinds that oneDNN can fuse into the up-projection, with its name and algorithm.
-_POST_OPS = {torch.nn.GELU: lambda m: ("gelu", "tanh" if m.approximate == "tanh" else "none"),
-             torch.nn.ReLU: lambda m: ("relu", "")}
+__all__ = ["available", "fuse_for_inference"]
 
-
-def available() -> bool:
-    """True when this torch build has the oneDNN CPU kernels the fused path uses."""
-    return torch.backends.mkldnn.is_available() and hasattr(_mkldnn, "_linear_pointwise")
-
-
-class _Packed:
-    """One linear layer's weight in oneDNN's layout: y = act(x W^T + b) or x W^T + b + other."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, post: tuple[str, str] = ("none", "")) -> None:
-        self.weight = _mkldnn._reorder_linear_weight(weight.detach().contiguous())
-        self.bias = bias.detach().contiguous()
-        self.post = post
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: float [..., K] -> float [..., N]."""
-        return _mkldnn._linear_pointwise(x, self.weight, self.bias, self.post[0], [], self.post[1])
-
-    def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """x W^T + b + residual, in one pass over the output."""
-        return _mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
-
-
-class _FusedLayer:
+class _FusedLayer(PackedBlock):
     """A `BertLayer`'s forward on packed weights; it packs on first use and after any change."""
 
     def __init__(self, layer: BertLayer, attend: Callable | None) -> None:
+        super().__init__()
         self.layer = layer
         self.eager: Callable = layer.forward  # the bound method of the class, kept for the fallbacks
         self.attend = attend  # the native varlen attention op, or None for PyTorch ops
-        self.versions: list[tuple[int, int]] | None = None
 
     def params(self) -> list[torch.Tensor]:
         a, f = self.layer.attention, self.layer.ffn
         return [p for lin in (a.query, a.key, a.value, a.out, f.up, f.down) for p in (lin.weight, lin.bias)]
 
-    def stamp(self) -> list[tuple[int, int]]:
-        """Where each parameter's data lives and its version counter: any in-place change, or new
-        data put in its place, changes one of the two."""
-        return [(p.data_ptr(), p._version) for p in self.params()]
-
     def pack(self) -> None:
         a, f = self.layer.attention, self.layer.ffn
         scale = 1 / math.sqrt(a.head_dim)  # softmax(q k^T / sqrt(d)) with the division done once, here
-        self.qkv = _Packed(torch.cat([a.query.weight * scale, a.key.weight, a.value.weight]),
+        self.qkv = Packed(torch.cat([a.query.weight * scale, a.key.weight, a.value.weight]),
                            torch.cat([a.query.bias * scale, a.key.bias, a.value.bias]))
-        self.out = _Packed(a.out.weight, a.out.bias)
-        post = _POST_OPS.get(type(f.act))
-        self.up = _Packed(f.up.weight, f.up.bias, post(f.act) if post else ("none", ""))
+        self.out = Packed(a.out.weight, a.out.bias)
+        post = post_op(f.act)
+        self.up = Packed(f.up.weight, f.up.bias, post or ("none", ""))
         self.act = None if post else f.act  # an activation oneDNN cannot fuse runs on its own
-        self.down = _Packed(f.down.weight, f.down.bias)
-        self.versions = self.stamp()
+        self.down = Packed(f.down.weight, f.down.bias)
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
                  packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -107,8 +81,7 @@ class _FusedLayer:
         if (output_attentions or layer.training or torch.is_grad_enabled() or x.device.type != "cpu"
                 or x.dtype != torch.float32):
             return self.eager(x, mask, output_attentions, packed)
-        if self.versions != self.stamp():
-            self.pack()
+        self.packed()
         H = x.shape[-1]
         qkv = self.qkv(x)  # (..., 3H), the query already scaled
         heads = layer.attention.num_heads
@@ -185,4 +158,5 @@ def fuse_for_inference(model: torch.nn.Module, native_attention: bool = True) ->
             layer.forward.attend = attend  # fused already: only the attention choice may change
             continue
         layer.forward = _FusedLayer(layer, attend)
+    fuse_prenorm_layers(backbone, attend)  # ModernBERT's blocks (fused_modern.py)
     return model.eval()
