@@ -93,6 +93,21 @@ def test_rotary_and_window_match_modernbert_attention(attend, hidden, heads, win
         assert torch.equal(got[:1], full[:1])  # a one-token sequence sees itself either way
 
 
+@pytest.mark.parametrize("hidden,heads", [(128, 2), (128, 4), (96, 4)], ids=["d64", "d32", "d24"])
+def test_bf16_in_and_out_is_the_float32_answer_rounded_once(attend, hidden, heads):
+    """bf16 qkv (bf16 autocast's matmul output) gives a bf16 context: exactly the float32 kernel's answer on
+    the same values widened, rounded once, with and without rotary and window."""
+    torch.manual_seed(4)
+    lengths = [1, 15, 16, 17, 33, 130, 300]
+    qkv = torch.randn(sum(lengths), 3 * hidden).bfloat16()
+    cos, sin = rotary_tables(torch.cat([torch.arange(n) for n in lengths]), 10_000.0, hidden // heads)
+    for rotary in ((None, None), (cos, sin)):
+        for window in (-1, 5):
+            got = attend(qkv, cu(lengths), heads, *rotary, window)
+            assert got.dtype == torch.bfloat16
+            assert torch.equal(got, attend(qkv.float(), cu(lengths), heads, *rotary, window).bfloat16())
+
+
 def test_long_sequences_match(attend):
     """One sequence of 2,048 tokens (a power-of-two key stride) and one of 1,100, global and local."""
     torch.manual_seed(3)

@@ -6,11 +6,13 @@
 // scattered into a padded [3, heads, S, T, d] layout, a mask, two batched matmuls, a softmax
 // and a gather back: five passes over memory for ~1% of BERT's FLOPs on short sentences.
 // Here each (head, sequence) pair is one task that reads its rows of qkv where they lie and
-// writes its rows of the context: no padding, no mask, no copies of q, k or v.
+// writes its rows of the context: no padding, no mask, no [S, T] layout of q, k or v.
+// qkv and the context are float32 or bfloat16 (under bf16 autocast); the arithmetic is float32.
 //
 // One task, for a sequence of L tokens and head size d (the query is pre-scaled by 1/sqrt(d)):
 //   1. k^T [d, Lp]: this head's keys transposed, Lp = L rounded up to the vector width, so the
-//      scores of one query against 16 keys are one vector accumulated over d;
+//      scores of one query against 16 keys are one vector accumulated over d; its values
+//      copied together beside it;
 //   2. scores, softmax and p v for QB queries at a time: their dependency chains are
 //      independent, so the FMA units are kept busy instead of waiting on one chain;
 //   3. the softmax is exact up to rounding: the max is subtracted first; exp is Cephes' expf
@@ -34,6 +36,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -44,11 +47,12 @@ using namespace bertforge_simd;
 
 constexpr int QB = 4;   // queries computed together
 
-// p v for QB rows of probabilities, each scaled by its 1 / sum at the end. D > 0 is the head
-// size known at compile time (its accumulators stay in registers); D == 0 is any other size.
-template <int D>
+// p v for QB rows of probabilities, each scaled by its 1 / sum at the end, written as T (float or
+// bfloat16, rounded once). D > 0 is the head size known at compile time (its accumulators stay in
+// registers); D == 0 is any other size.
+template <int D, typename T>
 void weighted_values(const float* v0, int64_t row, int64_t L, const float* p, int64_t Lp, const float* inv,
-                     int rows, int64_t d, float* out, int64_t H) {
+                     int rows, int64_t d, T* out, int64_t H) {
   if constexpr (D > 0) {
     vf acc[QB][D / W] = {};
     for (int64_t j = 0; j < L; ++j) {
@@ -60,17 +64,14 @@ void weighted_values(const float* v0, int64_t row, int64_t L, const float* p, in
       }
     }
     for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < D / W; ++c) store(out + r * H + c * W, acc[r][c] * inv[r]);
+      for (int c = 0; c < D / W; ++c) Io<T>::store(out + r * H + c * W, acc[r][c] * inv[r]);
   } else {
-    for (int r = 0; r < rows; ++r) {
-      float* o = out + r * H;
-      std::fill(o, o + d, 0.0f);
-      for (int64_t j = 0; j < L; ++j) {
-        const float prj = p[r * Lp + j];
-        for (int64_t c = 0; c < d; ++c) o[c] += prj * v0[j * row + c];
+    for (int r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < d; ++c) {
+        float o = 0.0f;
+        for (int64_t j = 0; j < L; ++j) o += p[r * Lp + j] * v0[j * row + c];
+        out[r * H + c] = static_cast<T>(o * inv[r]);
       }
-      for (int64_t c = 0; c < d; ++c) o[c] *= inv[r];
-    }
   }
 }
 
@@ -81,34 +82,36 @@ struct Rope {
   const float* sin = nullptr;
 };
 
-// One query or key row x [d], turned by its token's angles: pair (c, c + d/2) is rotated as
-// transformers' x * cos + rotate_half(x) * sin does it, in float32.
-inline void rotate_row(const float* x, const float* cs, const float* sn, int64_t d, float* y) {
+// One query or key row x [d] (float or bfloat16), turned by its token's angles into float32 y:
+// pair (c, c + d/2) is rotated as transformers' x * cos + rotate_half(x) * sin does it, in float32.
+template <typename T>
+inline void rotate_row(const T* x, const float* cs, const float* sn, int64_t d, float* y) {
   const int64_t half = d / 2;
   for (int64_t c = 0; c < half; ++c) {
-    y[c] = x[c] * cs[c] - x[c + half] * sn[c];
-    y[c + half] = x[c + half] * cs[c + half] + x[c] * sn[c + half];
+    const float a = static_cast<float>(x[c]), b = static_cast<float>(x[c + half]);
+    y[c] = a * cs[c] - b * sn[c];
+    y[c + half] = b * cs[c + half] + a * sn[c + half];
   }
 }
 
-// One head of one sequence: rows [base, base + L) of qkv [N, 3H] -> the same rows of out [N, H].
-// With `rope`, queries and keys are rotated on the way in (qr holds the L rotated queries and one
-// spare row). With window >= 0, query i sees only the keys j with |i - j| <= window, and only
-// their blocks of W keys are scored: the cost grows as L * window, not L^2.
+// One head of one sequence: rows [base, base + L) of qkv [N, 3H] -> the same rows of out [N, H],
+// both of type T (float or bfloat16; the arithmetic is float32 either way). Queries, keys and values
+// are read once into float32 buffers: keys transposed (kT), values together (vc), queries (qr) when
+// they need converting or rotating. With `rope`, queries and keys are rotated on the way in. With
+// window >= 0, query i sees only the keys j with |i - j| <= window, and only their blocks of W keys
+// are scored: the cost grows as L * window, not L^2.
 // kT holds d * (Lp + W) floats, vc L * d, qr (L + 1) * d and p QB * (Lp + W), all owned by the
 // calling thread.
-template <int D>
-void attend(const float* qkv, float* out, int64_t base, int64_t L, int64_t h, int64_t H, int64_t d,
+template <int D, typename T>
+void attend(const T* qkv, T* out, int64_t base, int64_t L, int64_t h, int64_t H, int64_t d,
             Rope rope, int64_t window, float* kT, float* vc, float* qr, float* p) {
   // ld: the row stride of kT and p, one vector past Lp, so that the d rows of kT a score reads do
   // not all fall in one L1 set at a power-of-two Lp.
   const int64_t row = 3 * H, Lp = (L + W - 1) / W * W, ld = Lp + W, blocks = Lp / W;
-  const float* q0 = qkv + base * row + h * d;
-  const float* k0 = q0 + H;
-  const float* v0 = q0 + 2 * H;
+  const T* q0 = qkv + base * row + h * d;
+  const T* k0 = q0 + H;
+  const T* v0 = q0 + 2 * H;
   for (int64_t c = 0; c < d; ++c) std::fill(kT + c * ld + L, kT + c * ld + Lp, 0.0f);
-  const float* qs = q0;  // where query i's row starts: qs + i * qstride
-  int64_t qstride = row;
   if (rope.cos != nullptr) {
     float* turned = qr + L * d;  // the spare row
     for (int64_t j = 0; j < L; ++j) {
@@ -117,15 +120,27 @@ void attend(const float* qkv, float* out, int64_t base, int64_t L, int64_t h, in
       for (int64_t c = 0; c < d; ++c) kT[c * ld + j] = turned[c];
       rotate_row(q0 + j * row, rope.cos + at, rope.sin + at, d, qr + j * d);
     }
-    qs = qr;
-    qstride = d;
   } else {
     for (int64_t j = 0; j < L; ++j)
-      for (int64_t c = 0; c < d; ++c) kT[c * ld + j] = k0[j * row + c];
+      for (int64_t c = 0; c < d; ++c) kT[c * ld + j] = static_cast<float>(k0[j * row + c]);
+  }
+  // Float queries without rotation are read where they lie; any other kind was written to qr.
+  constexpr bool in_place = std::is_same_v<T, float>;
+  if (!in_place && rope.cos == nullptr)
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t c = 0; c < d; ++c) qr[j * d + c] = static_cast<float>(q0[j * row + c]);
+  const float* qs = qr;  // where query i's row starts: qs + i * qstride
+  int64_t qstride = d;
+  if constexpr (in_place) {
+    if (rope.cos == nullptr) {
+      qs = q0;
+      qstride = row;
+    }
   }
   // This head's values, copied together: read in place, each of L rows lies 3H floats from the
   // last, and at L = 2,048 the p v loop missed the TLB on every row (1.7x slower than copied).
-  for (int64_t j = 0; j < L; ++j) std::memcpy(vc + j * d, v0 + j * row, d * sizeof(float));
+  for (int64_t j = 0; j < L; ++j)
+    for (int64_t c = 0; c < d; ++c) vc[j * d + c] = static_cast<float>(v0[j * row + c]);
   // Lanes of the last key block past the sequence's end: -inf before the max, 0 after the exp.
   const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const vi live = lane < static_cast<int32_t>(L - (blocks - 1) * W);
@@ -189,8 +204,9 @@ void attend(const float* qkv, float* out, int64_t base, int64_t L, int64_t h, in
 at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens, int64_t num_heads,
                             const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
                             int64_t window) {
-  TORCH_CHECK(qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.is_contiguous(),
-              "varlen_attention: qkv must be a contiguous float32 CPU tensor [N, 3H]");
+  TORCH_CHECK(qkv.device().is_cpu() && (qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16) &&
+                  qkv.dim() == 2 && qkv.is_contiguous(),
+              "varlen_attention: qkv must be a contiguous float32 or bfloat16 CPU tensor [N, 3H]");
   TORCH_CHECK(num_heads > 0 && qkv.size(1) % (3 * num_heads) == 0, "varlen_attention: 3H must split into 3 x heads");
   TORCH_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1, "varlen_attention: cu_seqlens must run from 0 to N");
   const at::Tensor cu = cu_seqlens.to(at::kLong).contiguous();
@@ -216,22 +232,27 @@ at::Tensor varlen_attention(const at::Tensor& qkv, const at::Tensor& cu_seqlens,
   }
   const int64_t Lp = (max_len + W - 1) / W * W;
   at::Tensor out = at::empty({N, H}, qkv.options());
-  const float* src = qkv.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
+  const bool convert = qkv.scalar_type() != at::kFloat || rope.cos != nullptr;  // queries go through qr
   // Tasks in head-major order: with as many threads as heads or fewer, each thread's share is
   // whole heads over every sequence, so long and short sequences are spread evenly.
-  at::parallel_for(0, S * num_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kT(d * (Lp + W)), vc(max_len * d), p(QB * (Lp + W)), qr(rope.cos != nullptr ? (max_len + 1) * d : 0);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t h = task / S, s = task % S, L = starts[s + 1] - starts[s];
-      if (d == 32)
-        attend<32>(src, dst, starts[s], L, h, H, d, rope, window, kT.data(), vc.data(), qr.data(), p.data());
-      else if (d == 64)
-        attend<64>(src, dst, starts[s], L, h, H, d, rope, window, kT.data(), vc.data(), qr.data(), p.data());
-      else
-        attend<0>(src, dst, starts[s], L, h, H, d, rope, window, kT.data(), vc.data(), qr.data(), p.data());
-    }
-  });
+  auto run = [&](auto* src, auto* dst) {
+    at::parallel_for(0, S * num_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> kT(d * (Lp + W)), vc(max_len * d), p(QB * (Lp + W)), qr(convert ? (max_len + 1) * d : 0);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t h = task / S, s = task % S, L = starts[s + 1] - starts[s];
+        if (d == 32)
+          attend<32>(src, dst, starts[s], L, h, H, d, rope, window, kT.data(), vc.data(), qr.data(), p.data());
+        else if (d == 64)
+          attend<64>(src, dst, starts[s], L, h, H, d, rope, window, kT.data(), vc.data(), qr.data(), p.data());
+        else
+          attend<0>(src, dst, starts[s], L, h, H, d, rope, window, kT.data(), vc.data(), qr.data(), p.data());
+      }
+    });
+  };
+  if (qkv.scalar_type() == at::kFloat)
+    run(qkv.data_ptr<float>(), out.data_ptr<float>());
+  else
+    run(qkv.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>());
   return out;
 }
 
