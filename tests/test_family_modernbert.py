@@ -215,13 +215,20 @@ def test_windowed_attention_matches_a_banded_mask():
         assert torch.isfinite(got).all()
 
 
+def assert_bf16_as_close(fused_bf16: torch.Tensor, eager_bf16: torch.Tensor, exact: torch.Tensor) -> None:
+    """The fused path under bf16 autocast is about as close to the float32 answer as eager autocast is (it
+    keeps more in float32, so usually closer), and it did compute in bf16 (else it would be ~1e-6 away)."""
+    ours, theirs = ((t.float() - exact).abs().max().item() for t in (fused_bf16, eager_bf16))
+    assert 1e-4 < ours <= 1.5 * theirs, (ours, theirs)
+
+
 @pytest.mark.parametrize("options", [dict(attention_bias=True, mlp_bias=True, norm_bias=True),
                                      dict(hidden_activation="silu")], ids=["biases", "silu-no-biases"])
 def test_fused_path_equals_transformers(tmp_path, monkeypatch, options):
     """The fused CPU path (packed oneDNN weights, rotary and window in the native kernel, GeGLU as two matmuls
     with fused post-ops) against transformers: padded rows longer than the window, full rows, packed rows, and
     global layers on either side of LONGEST_NATIVE_GLOBAL (the kernel, then SDPA); weights repacked after an
-    in-place change; training, gradients and autocast on the eager path."""
+    in-place change; bf16 autocast on bf16-packed weights; training and gradients on the eager path."""
     from bertforge import kernels
     from bertforge.inference import fused, fused_modern
 
@@ -253,8 +260,9 @@ def test_fused_path_equals_transformers(tmp_path, monkeypatch, options):
             model.layers[1].ffn.up.weight.mul_(1.5)
             model.layers[2].attention.qkv.weight.add_(0.01)
         torch.testing.assert_close(fast(ids).last_hidden_state, eager(ids).last_hidden_state, atol=1e-5, rtol=0)
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 runs the eager blocks under the same autocast
-            assert torch.equal(fast(ids).last_hidden_state, eager(ids).last_hidden_state)
+        exact = eager(ids).last_hidden_state
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls on bf16-packed weights
+            assert_bf16_as_close(fast(ids).last_hidden_state, eager(ids).last_hidden_state, exact)
     fast.train(), eager.train()
     out = fast(ids).last_hidden_state
     out.sum().backward()

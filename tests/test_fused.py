@@ -111,3 +111,20 @@ def test_fused_weights_follow_the_parameters_and_training_is_eager(pair, minilm_
     assert torch.equal(out.detach(), eager(**inputs).last_hidden_state.detach())
     # The checkpoint is untouched: the same names and tensors as before fusing.
     assert fast.state_dict().keys() == eager.state_dict().keys()
+
+
+@torch.no_grad()
+def test_bf16_autocast_runs_bf16_matmuls_as_close_as_eager_autocast(pair):
+    """Under CPU autocast to bf16 the fused layers run their matmuls in bf16 (weights packed in bf16 once) and
+    keep the residual stream, LayerNorms and attention in float32: about as close to the float32 answer as
+    eager autocast, and not the float32 path in disguise."""
+    eager, fast, tok = pair
+    inputs = batch_of(tok, sst2_sentences(16))
+    exact = eager(**inputs).last_hidden_state
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = (fast(**inputs).last_hidden_state.float() - exact).abs().max().item()
+        theirs = (eager(**inputs).last_hidden_state.float() - exact).abs().max().item()
+        assert fast.layers[0].forward.packs.keys() >= {torch.bfloat16}
+    assert 1e-4 < ours <= 1.5 * theirs, (ours, theirs)
+    with torch.autocast("cpu", dtype=torch.float16):  # another autocast dtype: the eager layers honour it
+        assert torch.equal(fast(**inputs).last_hidden_state, eager(**inputs).last_hidden_state)

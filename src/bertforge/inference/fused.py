@@ -28,8 +28,11 @@ Packed weights and their repacking live in `onednn.py`.
 The outputs equal eager PyTorch's up to summation order (about 1e-6 relative; the tests check
 1e-4 on real checkpoints). The packed weights are copies: each layer notes the version counter
 of every parameter it packed and packs again after any in-place change (an optimizer step, a
-`load_state_dict`), so a fused model never runs stale weights. Training mode, gradients, attention
-maps, non-CPU tensors and non-fp32 inputs take the eager path unchanged.
+`load_state_dict`), so a fused model never runs stale weights. Under CPU autocast to bfloat16
+the matmuls run in bfloat16 on weights packed in bfloat16 once (eager autocast casts each weight on
+every call); the residual stream, LayerNorms and attention stay float32. Training mode, gradients,
+attention maps, non-CPU tensors, non-fp32 inputs and autocast to other dtypes take the eager path
+unchanged.
 
     fuse_for_inference(model)  # in place; returns model
 """
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 
@@ -46,7 +50,7 @@ from ..models.bert import BertModel
 from ..models.layers import BertLayer, SelfAttention
 from ..models.padding import Packing, from_sequences, to_sequences
 from .fused_modern import fuse_prenorm_layers
-from .onednn import Packed, PackedBlock, available, post_op
+from .onednn import Packed, PackedBlock, available, matmul_dtype, post_op, residual
 
 __all__ = ["available", "fuse_for_inference"]
 
@@ -63,49 +67,55 @@ class _FusedLayer(PackedBlock):
         a, f = self.layer.attention, self.layer.ffn
         return [p for lin in (a.query, a.key, a.value, a.out, f.up, f.down) for p in (lin.weight, lin.bias)]
 
-    def pack(self) -> None:
+    def pack(self, dtype: torch.dtype) -> SimpleNamespace:
         a, f = self.layer.attention, self.layer.ffn
         scale = 1 / math.sqrt(a.head_dim)  # softmax(q k^T / sqrt(d)) with the division done once, here
-        self.qkv = Packed(torch.cat([a.query.weight * scale, a.key.weight, a.value.weight]),
-                           torch.cat([a.query.bias * scale, a.key.bias, a.value.bias]))
-        self.out = Packed(a.out.weight, a.out.bias)
         post = post_op(f.act)
-        self.up = Packed(f.up.weight, f.up.bias, post or ("none", ""))
-        self.act = None if post else f.act  # an activation oneDNN cannot fuse runs on its own
-        self.down = Packed(f.down.weight, f.down.bias)
+        return SimpleNamespace(
+            qkv=Packed(torch.cat([a.query.weight * scale, a.key.weight, a.value.weight]),
+                       torch.cat([a.query.bias * scale, a.key.bias, a.value.bias]), dtype=dtype),
+            out=Packed(a.out.weight, a.out.bias, dtype=dtype),
+            up=Packed(f.up.weight, f.up.bias, post or ("none", ""), dtype=dtype),
+            act=None if post else f.act,  # an activation oneDNN cannot fuse runs on its own
+            down=Packed(f.down.weight, f.down.bias, dtype=dtype))
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
                  packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As `BertLayer.forward`: x float [B, T, H] (or [N, H] unpadded) -> the same shape."""
         layer = self.layer
-        if (output_attentions or layer.training or torch.is_grad_enabled() or x.device.type != "cpu"
-                or x.dtype != torch.float32):
+        dtype = matmul_dtype(x)
+        if output_attentions or layer.training or torch.is_grad_enabled() or x.device.type != "cpu" or dtype is None:
             return self.eager(x, mask, output_attentions, packed)
-        self.packed()
-        H = x.shape[-1]
-        qkv = self.qkv(x)  # (..., 3H), the query already scaled
-        heads = layer.attention.num_heads
-        if packed is None:  # the padded batch [B, T, H], with no mask or a [B, 1, 1|T, T] one
-            B, T = x.shape[:2]
-            if mask is None and self.attend is not None:  # no padding: B sequences of T tokens
-                starts = torch.arange(0, B * T + 1, T, dtype=torch.int32)
-                context = self.attend(qkv.view(B * T, 3 * H), starts, heads).view(B, T, H)
-            else:
-                context = _attention(qkv.view(B * T, 3 * H), B, T, heads, mask).view(B, T, H)
-        elif self.attend is not None:  # straight on the real tokens, sequence by sequence
-            context = self.attend(qkv, packed.cu_seqlens, heads)
-        elif packed.key_mask is None and packed.num_seqs * packed.max_seqlen == x.shape[0]:
-            # Every sequence is full length: the real tokens already are the attention layout.
-            context = _attention(qkv, packed.num_seqs, packed.max_seqlen, heads, None)
-        else:  # one scatter into the attention layout for q, k and v together, one gather back
-            S, T = packed.num_seqs, packed.max_seqlen
-            context = _attention(to_sequences(qkv, packed).view(S * T, 3 * H), S, T, heads, packed.key_mask)
-            context = from_sequences(context.view(S, T, H), packed)
-        x = layer.attention_norm(self.out.plus(context, x))
-        hidden = self.up(x)
-        if self.act is not None:
-            hidden = self.act(hidden)
-        return layer.ffn_norm(self.down.plus(hidden, x)), None
+        w = self.packed(dtype)
+        with torch.autocast("cpu", enabled=False):  # each op below runs in the dtype chosen for it
+            H = x.shape[-1]
+            # (..., 3H), the query already scaled. Attention computes in float32 either way: the kernel
+            # reads bf16 itself, the torch ops are given float32.
+            qkv = w.qkv(x.to(dtype))
+            heads = layer.attention.num_heads
+            if self.attend is None:
+                qkv = qkv.float()
+            if packed is None:  # the padded batch [B, T, H], with no mask or a [B, 1, 1|T, T] one
+                B, T = x.shape[:2]
+                if mask is None and self.attend is not None:  # no padding: B sequences of T tokens
+                    starts = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+                    context = self.attend(qkv.view(B * T, 3 * H), starts, heads).view(B, T, H)
+                else:
+                    context = _attention(qkv.view(B * T, 3 * H).float(), B, T, heads, mask).view(B, T, H)
+            elif self.attend is not None:  # straight on the real tokens, sequence by sequence
+                context = self.attend(qkv, packed.cu_seqlens, heads)
+            elif packed.key_mask is None and packed.num_seqs * packed.max_seqlen == x.shape[0]:
+                # Every sequence is full length: the real tokens already are the attention layout.
+                context = _attention(qkv, packed.num_seqs, packed.max_seqlen, heads, None)
+            else:  # one scatter into the attention layout for q, k and v together, one gather back
+                S, T = packed.num_seqs, packed.max_seqlen
+                context = _attention(to_sequences(qkv, packed).view(S * T, 3 * H), S, T, heads, packed.key_mask)
+                context = from_sequences(context.view(S, T, H), packed)
+            x = layer.attention_norm(residual(w.out, context, x))
+            hidden = w.up(x.to(dtype))
+            if w.act is not None:
+                hidden = w.act(hidden)
+            return layer.ffn_norm(residual(w.down, hidden, x)), None
 
 
 def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Tensor | None) -> torch.Tensor:

@@ -9,6 +9,8 @@ it packs its layer's weights on first use and again after any in-place change to
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 _mkldnn = torch.ops.mkldnn
@@ -28,17 +30,32 @@ def post_op(act: torch.nn.Module) -> tuple[str, str] | None:
     return make(act) if make else None
 
 
+def matmul_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype a fused block runs its matmuls in for the hidden states x: float32, or bfloat16
+    under CPU autocast to bfloat16 (the residual stream, LayerNorms and attention's softmax stay
+    float32, as autocast keeps them); None where only the eager block can honour the request
+    (x not float32, or autocast to another dtype)."""
+    if x.dtype != torch.float32:
+        return None
+    if not torch.is_autocast_enabled("cpu"):
+        return torch.float32
+    return torch.bfloat16 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
+
+
 class Packed:
     """One linear layer's weight in oneDNN's layout: y = act(x W^T + b), x W^T + b + other, or
-    (x W^T + b) * other. bias may be None (the bias-free layers of pre-norm families)."""
+    (x W^T + b) * other. bias may be None (the bias-free layers of pre-norm families). dtype is
+    what the weight is packed in, float32 or bfloat16; x and other must then be of that dtype."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, post: tuple[str, str] = ("none", "")) -> None:
-        self.weight = _mkldnn._reorder_linear_weight(weight.detach().contiguous())
-        self.bias = bias.detach().contiguous() if bias is not None else None
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, post: tuple[str, str] = ("none", ""),
+                 dtype: torch.dtype = torch.float32) -> None:
+        self.dtype = dtype
+        self.weight = _mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous())
+        self.bias = bias.detach().to(dtype).contiguous() if bias is not None else None
         self.post = post
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: float [..., K] -> float [..., N]."""
+        """x: [..., K] -> [..., N], in the packed dtype."""
         return _mkldnn._linear_pointwise(x, self.weight, self.bias, self.post[0], [], self.post[1])
 
     def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -50,17 +67,27 @@ class Packed:
         return _mkldnn._linear_pointwise.binary(x, other, self.weight, self.bias, "mul")
 
 
+def residual(linear: Packed, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+    """stream + linear(x), the residual stream float32: in one pass over the output where the
+    weights are float32; a bfloat16 matmul's output is added to the stream on its own."""
+    if linear.dtype == torch.float32:
+        return linear.plus(x, stream)
+    return stream + linear(x.to(linear.dtype))
+
+
 class PackedBlock:
-    """A block's forward on packed weights, packed on first use and again whenever a parameter
-    changes. Subclasses list the parameters they pack (`params`) and pack them (`pack`)."""
+    """A block's forward on packed weights, packed on first use for each dtype asked for, and again
+    whenever a parameter changes. Subclasses list the parameters they pack (`params`) and pack
+    them (`pack`, returning whatever their forward reads)."""
 
     def __init__(self) -> None:
         self.versions: list[tuple[int, int]] | None = None
+        self.packs: dict[torch.dtype, Any] = {}
 
     def params(self) -> list[torch.Tensor | None]:
         raise NotImplementedError
 
-    def pack(self) -> None:
+    def pack(self, dtype: torch.dtype) -> Any:
         raise NotImplementedError
 
     def stamp(self) -> list[tuple[int, int]]:
@@ -68,9 +95,12 @@ class PackedBlock:
         optimizer step, a `load_state_dict`), or new data put in its place, changes one of the two."""
         return [(p.data_ptr(), p._version) for p in self.params() if p is not None]
 
-    def packed(self) -> None:
-        """Pack now if the weights changed since the last packing (or were never packed)."""
+    def packed(self, dtype: torch.dtype = torch.float32) -> Any:
+        """The weights packed in `dtype`, packed now if they changed since (or were never packed)."""
         stamp = self.stamp()
         if self.versions != stamp:
-            self.pack()
+            self.packs.clear()
             self.versions = stamp
+        if dtype not in self.packs:
+            self.packs[dtype] = self.pack(dtype)
+        return self.packs[dtype]
