@@ -164,9 +164,11 @@ def memory_one(arch: str, path: Path, runner: str, tokens: int) -> None:
     """In this (fresh) process: one forward of one row of `tokens` tokens by `runner` alone; prints its seconds and
     the peak resident memory it added above the loaded model (the high-water mark is reset before the pass)."""
     if runner == "bertforge":
-        model = bertforge.AutoModel.from_pretrained(path).eval()
+        model = load_backend(bertforge.AutoModel.from_pretrained(path), "fused")
     else:
         model = transformers.AutoModel.from_pretrained(path, attn_implementation=runner.split("-")[1]).eval()
+    with torch.inference_mode():  # a short warm-up first: the fused backend packs its weights on first use
+        model(input_ids=torch.randint(5, 1000, (1, 16)), attention_mask=torch.ones(1, 16, dtype=torch.long))
     ids = torch.randint(5, 1000, (1, tokens))
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM, the peak, to the resident size now
     before = _status_kib("VmRSS")
