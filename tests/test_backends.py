@@ -35,13 +35,17 @@ def numbers(rows, key: str) -> np.ndarray:
     return np.array(out)
 
 
-@pytest.mark.parametrize("task, model, key, inputs", [
+# Every head's pipeline: (task, which test checkpoint, the output key to compare, inputs).
+PIPELINES = [
     ("classify", "classifier", None, SENTENCES),
     ("ner", "tagger", "entities", ["john lives in paris .", *SENTENCES[:3]]),
     ("qa", "reader", None, [{"question": "where does john live ?", "context": "john lives in paris ."}]),
     ("fill-mask", "masked", "predictions", ["john lives in [MASK] ."]),
     ("embed", "masked", "embedding", SENTENCES),
-])
+]
+
+
+@pytest.mark.parametrize("task, model, key, inputs", PIPELINES)
 @pytest.mark.parametrize("backend", ["fused", "onnx", "openvino", "jax"])
 def test_other_backends_give_the_torch_answers(checkpoints, task, model, key, inputs, backend):
     if backend == "openvino":
@@ -78,3 +82,36 @@ def test_int8_embeddings_stay_close_and_serve_uses_the_backend(minilm_dir):
         assert status == 200 and info["backend"] == "onnx"
         status, body = call(port, "/embed", {"texts": sentences})
         assert status == 200 and np.abs(np.array(body["results"]) - eager).max() <= 1e-4
+
+
+@pytest.mark.parametrize("task, model, key, inputs", PIPELINES)
+def test_bf16_backend_runs_every_pipeline_close_to_fp32(checkpoints, task, model, key, inputs):
+    """`--backend fused-bf16`: every head's pipeline runs (float32 outputs, so JSON and numpy work as on the
+    other backends), its numbers are close to eager fp32's, and further from them than the fp32 fused path's
+    (bf16 really ran)."""
+    from bertforge.training.precision import native_bf16
+    import torch
+
+    if native_bf16(torch.device("cpu")) is None:
+        pytest.skip("this CPU has no native bf16: the backend works but is not what it is for")
+    eager, fp32, bf16 = (numbers(list(run_predict(task, str(checkpoints[model]), inputs, backend=b)), key)
+                         for b in ("torch", "fused", "fused-bf16"))
+    assert eager.shape == bf16.shape and eager.size > 0
+    error = np.abs(eager - bf16).max()
+    assert error <= 0.05 * max(1.0, np.abs(eager).max())
+    assert error > 10 * np.abs(eager - fp32).max()  # bf16's rounding, well above fp32's summation order
+
+
+def test_serve_takes_the_bf16_backend(minilm_dir):
+    """`serve --backend fused-bf16` serves embeddings within bf16's rounding of the fp32 ones (cosine)."""
+    pytest.importorskip("fastapi")
+    from server_utils import call, running_server
+
+    eager = np.array([r["embedding"] for r in run_predict("embed", str(minilm_dir), SENTENCES, backend="torch")])
+    with running_server(minilm_dir, "--backend", "fused-bf16") as (port, _):
+        status, info = call(port, "/info")
+        assert status == 200 and info["backend"] == "fused-bf16"
+        status, body = call(port, "/embed", {"texts": SENTENCES})
+    served = np.array(body["results"])
+    cosine = (eager * served).sum(1) / np.linalg.norm(eager, axis=1) / np.linalg.norm(served, axis=1)
+    assert status == 200 and cosine.min() > 0.995 and np.abs(eager - served).max() > 1e-6

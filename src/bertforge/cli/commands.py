@@ -331,7 +331,8 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
         against: similarity: file of candidates; print the --top-k matches of each input
         null_threshold: qa (SQuAD v2 models): answer '' above this null margin
         backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
-            torch (eager, as models/bert.py reads), compiled
+            torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
+            CPUs with AMX or AVX512-BF16; close to, not equal to, the fp32 numbers), compiled
             (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
             against PyTorch at start-up), or jax (Flax NNX)
     """
@@ -384,7 +385,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         shutdown_grace_s: on SIGTERM or Ctrl-C, new requests get 503 and those in flight get this many seconds
             to finish before the server exits (0, the default exit status); a second signal stops at once
         backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
-            torch (eager, as models/bert.py reads), compiled
+            torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
+            CPUs with AMX or AVX512-BF16; close to, not equal to, the fp32 numbers), compiled
             (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
             against PyTorch at start-up), or jax (Flax NNX)
     """

@@ -7,6 +7,10 @@ encoder, ONNX Runtime or JAX.
   in a native kernel compiled once per machine); equal to `torch` up to summation order
   (tested within 1e-4), and the fastest fp32 path measured here at batches of 32, level with
   OpenVINO (docs/serving.md), so it is the default where this torch build has oneDNN;
+- `fused-bf16`: the fused path under CPU autocast to bfloat16: the matmuls in bf16 on weights
+  packed in bf16 once, the residual stream, LayerNorms and attention's arithmetic in float32;
+  outputs handed back as float32. Not the fp32 numbers: its closeness is measured (docs/results.md);
+  for CPUs that multiply bf16 natively (AMX, AVX512-BF16), where it is the fastest path measured;
 - `compiled`: the encoder through TorchInductor with frozen weights (`compile_for_inference`);
   a one-off compile of ~20 s;
 - `onnx`: the model exported to ONNX at start-up and run by ONNX Runtime; the export is checked
@@ -28,6 +32,7 @@ PyTorch model it wraps.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -203,6 +208,43 @@ class JaxModel(ForeignModel):
                 for k, v in out.items() if v is not None and k in ("last_hidden_state", "pooler_output", "logits")}
 
 
+def _widened(out: Any) -> Any:
+    """A model's outputs with every bfloat16 tensor made float32 (dataclasses, tuples and lists walked)."""
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype == torch.bfloat16 else out
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return dataclasses.replace(out, **{f.name: _widened(getattr(out, f.name))
+                                           for f in dataclasses.fields(out) if f.init})
+    if isinstance(out, (tuple, list)):
+        return type(out)(_widened(v) for v in out)
+    return out
+
+
+class Bf16Model:
+    """A (fused) model called under CPU autocast to bfloat16, its outputs widened back to float32, so the
+    pipelines and the server see the dtypes every other backend gives them. `.backbone` runs the same way;
+    every other attribute is the model's."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = model
+        self._backbone: Bf16Model | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = self._model(*args, **kwargs)
+        return _widened(out)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "backbone" and hasattr(self._model, "backbone"):
+            if self._backbone is None:
+                self._backbone = Bf16Model(self._model.backbone)
+            return self._backbone
+        return getattr(self._model, name)
+
+    def eval(self) -> "Bf16Model":
+        return self
+
+
 def load(model: torch.nn.Module, backend: str) -> Any:
     """`model` ready to run on `backend` (see the module docstring)."""
     if backend not in BACKENDS:
@@ -216,6 +258,13 @@ def load(model: torch.nn.Module, backend: str) -> Any:
             log.warning("this torch build has no oneDNN CPU kernels; --backend fused runs eager PyTorch")
             return model.eval()
         return fused.fuse_for_inference(model)
+    if backend == "fused-bf16":
+        from ..training.precision import native_bf16
+
+        if native_bf16(torch.device("cpu")) is None:
+            log.warning("this CPU has no native bf16 arithmetic (AMX or AVX512-BF16): --backend fused-bf16 "
+                        "will be slower than --backend fused here")
+        return Bf16Model(load(model, "fused"))
     if backend == "jax":
         from ..errors import require
 
