@@ -2,7 +2,8 @@
 
 Four kernels, built together into one library (`simd.h` holds what they share):
 - `varlen_attention`: attention straight on the unpadded tokens of the fused encoder, for
-  inference (see `varlen_attention.cpp` for how and why);
+  inference, with ModernBERT's rotary positions and local window as options (see
+  `varlen_attention.cpp` for how and why);
 - `varlen_attention_train`: the same for training, forward and backward, with attention dropout
   hashed in (`attention_train.cpp`; the autograd wrapper is `kernels.attention`);
 - `hashed_dropout`: training's dropout with a mask hashed from each element's index, so it is
@@ -23,7 +24,7 @@ are drawn over another layout.
 `BERTFORGE_NATIVE_KERNELS=0` chooses those paths on purpose.
 
     attend = varlen_attention()      # None where unavailable
-    context = attend(qkv, cu_seqlens, num_heads)   # float [N, 3H] -> float [N, H]
+    context = attend(qkv, cu_seqlens, num_heads)   # [N, 3H] -> [N, H], float32 or bfloat16
 """
 
 from __future__ import annotations
@@ -103,11 +104,14 @@ def library() -> bool:
     return True
 
 
-def varlen_attention() -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
+def varlen_attention() -> Callable[..., torch.Tensor] | None:
     """The native attention op, built or loaded on first call; None where it cannot be had.
 
-    The op: (qkv float [N, 3H] contiguous, cu_seqlens int [S + 1], num_heads) -> float [N, H],
-    softmax(q k^T) v per head within each sequence, the query already scaled by 1/sqrt(d).
+    The op: (qkv float32 or bfloat16 [N, 3H] contiguous, cu_seqlens int [S + 1], num_heads,
+    cos=None, sin=None, window=-1) -> [N, H] in qkv's dtype: softmax(q k^T) v per head within
+    each sequence, the query already scaled by 1/sqrt(d), computed in float32. cos and sin
+    (float32 [N, head size]) rotate q and k as ModernBERT's rotary positions do; window >= 0
+    lets query i see only the keys j with |i - j| <= window.
     """
     return torch.ops.bertforge.varlen_attention if library() else None
 
