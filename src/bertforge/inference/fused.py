@@ -89,19 +89,15 @@ class _FusedLayer(PackedBlock):
         w = self.packed(dtype)
         with torch.autocast("cpu", enabled=False):  # each op below runs in the dtype chosen for it
             H = x.shape[-1]
-            # (..., 3H), the query already scaled. Attention computes in float32 either way: the kernel
-            # reads bf16 itself, the torch ops are given float32.
-            qkv = w.qkv(x.to(dtype))
+            qkv = w.qkv(x.to(dtype))  # (..., 3H), the query already scaled
             heads = layer.attention.num_heads
-            if self.attend is None:
-                qkv = qkv.float()
             if packed is None:  # the padded batch [B, T, H], with no mask or a [B, 1, 1|T, T] one
                 B, T = x.shape[:2]
                 if mask is None and self.attend is not None:  # no padding: B sequences of T tokens
                     starts = torch.arange(0, B * T + 1, T, dtype=torch.int32)
                     context = self.attend(qkv.view(B * T, 3 * H), starts, heads).view(B, T, H)
                 else:
-                    context = _attention(qkv.view(B * T, 3 * H).float(), B, T, heads, mask).view(B, T, H)
+                    context = _attention(qkv.view(B * T, 3 * H), B, T, heads, mask).view(B, T, H)
             elif self.attend is not None:  # straight on the real tokens, sequence by sequence
                 context = self.attend(qkv, packed.cu_seqlens, heads)
             elif packed.key_mask is None and packed.num_seqs * packed.max_seqlen == x.shape[0]:
@@ -121,10 +117,12 @@ class _FusedLayer(PackedBlock):
 def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Tensor | None) -> torch.Tensor:
     """Multi-head attention over S sequences of T tokens, the query pre-scaled by 1/sqrt(d).
 
-    qkv: float [S*T, 3H], sequence by sequence (rows past a sequence's end are zeros, or masked);
-    mask: bool [S, 1, 1, T] or [S, 1, T, T], True where a key may be attended to, or None.
-    Returns the context, float [S*T, H].
+    qkv: float32 or bfloat16 [S*T, 3H], sequence by sequence (rows past a sequence's end are zeros,
+    or masked); mask: bool [S, 1, 1, T] or [S, 1, T, T], True where a key may be attended to, or None.
+    Returns the context, float32 [S*T, H]: attention computes in float32 whatever qkv's dtype, as the
+    native kernel does.
     """
+    qkv = qkv.float()
     H = qkv.shape[1] // 3
     d = H // num_heads
     # [S, T, 3, nh, d] -> [3, nh, S, T, d]: every (head, sequence) pair a contiguous [T, d] matrix,
