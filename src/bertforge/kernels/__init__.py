@@ -1,9 +1,13 @@
 """Native CPU kernels, compiled from the C++ beside this file the first time they are needed.
 
-Four kernels, built together into one library (`simd.h` holds what they share):
+Five kernels, built together into one library (`simd.h` holds what they share, and
+`attention_blocks.h` what the two inference attentions share):
 - `varlen_attention`: attention straight on the unpadded tokens of the fused encoder, for
   inference, with ModernBERT's rotary positions and local window as options (see
   `varlen_attention.cpp` for how and why);
+- `disentangled_attention`: DeBERTa's attention for inference, its c2p and p2c terms picked by
+  relative distance inside the kernel instead of gathered from [B, nh, T, 2k] products
+  (`disentangled_attention.cpp`);
 - `varlen_attention_train`: the same for training, forward and backward, with attention dropout
   hashed in (`attention_train.cpp`; the autograd wrapper is `kernels.attention`);
 - `hashed_dropout`: training's dropout with a mask hashed from each element's index, so it is
@@ -42,9 +46,9 @@ import torch
 log = logging.getLogger(__name__)
 
 SWITCH = "BERTFORGE_NATIVE_KERNELS"
-_SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "attention_train.cpp", "dropout.cpp",
-                                                     "cross_entropy.cpp")]
-_HEADERS = [Path(__file__).with_name("simd.h")]
+_SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "disentangled_attention.cpp",
+                                                     "attention_train.cpp", "dropout.cpp", "cross_entropy.cpp")]
+_HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "attention_blocks.h")]
 # -fopenmp: at::parallel_for is inline and, in OpenMP builds of torch, an `omp parallel` region;
 # without the flag it runs on one thread. No OpenMP library is linked: the symbols resolve to the
 # one torch already loaded, so the process keeps a single thread pool.
@@ -114,6 +118,19 @@ def varlen_attention() -> Callable[..., torch.Tensor] | None:
     lets query i see only the keys j with |i - j| <= window.
     """
     return torch.ops.bertforge.varlen_attention if library() else None
+
+
+def disentangled_attention() -> Callable[..., torch.Tensor] | None:
+    """DeBERTa's native inference attention op, built or loaded on first call; None where it cannot be had.
+
+    The op: (q, k, v float32 or bfloat16 [N, H], rows contiguous, one dtype; cu_seqlens int [S + 1];
+    num_heads; pos_key, pos_query: the distance table projected by the key and query matrices,
+    [R, H] in q's dtype, or None for a term left out (c2p, p2c); rows: long [2T - 1], the table row
+    of distance i - j at (i - j) + T - 1, nondecreasing, T at least the longest sequence; scale)
+    -> [N, H] in q's dtype: per head within each sequence, softmax(scale (q_i k_j + q_i pk[r] +
+    pq[r] k_j)) v with r = rows[i - j], computed in float32.
+    """
+    return torch.ops.bertforge.disentangled_attention if library() else None
 
 
 def hashed_dropout() -> Callable[[torch.Tensor, int, int, float], torch.Tensor] | None:

@@ -39,41 +39,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_blocks.h"
 #include "simd.h"
 
 namespace {
 
 using namespace bertforge_simd;
-
-constexpr int QB = 4;   // queries computed together
-
-// p v for QB rows of probabilities, each scaled by its 1 / sum at the end, written as T (float or
-// bfloat16, rounded once). D > 0 is the head size known at compile time (its accumulators stay in
-// registers); D == 0 is any other size.
-template <int D, typename T>
-void weighted_values(const float* v0, int64_t row, int64_t L, const float* p, int64_t Lp, const float* inv,
-                     int rows, int64_t d, T* out, int64_t H) {
-  if constexpr (D > 0) {
-    vf acc[QB][D / W] = {};
-    for (int64_t j = 0; j < L; ++j) {
-      vf v[D / W];
-      for (int c = 0; c < D / W; ++c) v[c] = load(v0 + j * row + c * W);
-      for (int r = 0; r < QB; ++r) {
-        const float prj = p[r * Lp + j];
-        for (int c = 0; c < D / W; ++c) acc[r][c] += prj * v[c];
-      }
-    }
-    for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < D / W; ++c) Io<T>::store(out + r * H + c * W, acc[r][c] * inv[r]);
-  } else {
-    for (int r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < d; ++c) {
-        float o = 0.0f;
-        for (int64_t j = 0; j < L; ++j) o += p[r * Lp + j] * v0[j * row + c];
-        out[r * H + c] = static_cast<T>(o * inv[r]);
-      }
-  }
-}
+using namespace bertforge_attention;
 
 // Rotary positions (ModernBERT): each token's cos and sin, float32 [N, d] (each frequency used for
 // dimensions c and c + d/2, as transformers lays them out), or none.
@@ -178,24 +150,8 @@ void attend(const T* qkv, T* out, int64_t base, int64_t L, int64_t h, int64_t H,
       }
       for (int r = 0; r < QB; ++r) store(p + r * ld + (b - b0) * W, acc[r]);
     }
-    // Softmax, the QB rows step by step together so their dependency chains overlap. Masked
-    // lanes hold -inf, which exp_nonpositive takes to 0.
-    vf m[QB], sum[QB] = {};
-    for (int r = 0; r < QB; ++r) m[r] = load(p + r * ld);
-    for (int64_t b = 1; b < nb; ++b)
-      for (int r = 0; r < QB; ++r) {
-        const vf x = load(p + r * ld + b * W);
-        m[r] = x > m[r] ? x : m[r];
-      }
-    for (int r = 0; r < QB; ++r) m[r] = splat(hmax(m[r]));
-    for (int64_t b = 0; b < nb; ++b)
-      for (int r = 0; r < QB; ++r) {
-        const vf e = exp_nonpositive(load(p + r * ld + b * W) - m[r]);
-        store(p + r * ld + b * W, e);
-        sum[r] += e;
-      }
     float inv[QB];
-    for (int r = 0; r < QB; ++r) inv[r] = 1.0f / hsum(sum[r]);
+    softmax_rows(p, ld, nb, inv);
     const int64_t first = b0 * W, last = std::min<int64_t>(L, b1 * W);
     weighted_values<D>(vc + first * d, d, last - first, p, ld, inv, rows, d, out + (base + i0) * H + h * d, H);
   }

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from .. import kernels
 from ..errors import ConfigError
 from ..kernels.dropout import dropout
 from .base import NameTable
@@ -47,7 +48,7 @@ from .config import HIDDEN_ACT, RenamedConfig
 from .heads import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
 from .layers import BertLayer, Dropout, activation
-from .padding import Packing, from_sequences, to_sequences
+from .padding import Packing, from_sequences, to_sequences, varlen
 
 POSITION_TERMS = ("c2p", "p2c")
 
@@ -181,13 +182,15 @@ class RelativePositions:
     """What every layer's position terms share, built once per forward.
 
     table: float [2k', H], the rows of the distance embeddings a row of T tokens can reach (normalised
-    when the config says so); index: long [T, T], the table row of the distance from query i to key j.
+    when the config says so); rows: long [2T - 1], the table row of distance d = i - j (query i, key
+    j) at d + T - 1, nondecreasing in d; index: long [T, T], the same read for every (i, j).
     Both terms read it: c2p scores query i against row index[i, j], p2c scores key j against the same
     row (transformers indexes p2c by the distance from j to i, negated: the same row, as the buckets
     are odd in the distance).
     """
 
     table: torch.Tensor
+    rows: torch.Tensor
     index: torch.Tensor
 
 
@@ -255,14 +258,34 @@ class DisentangledAttention(nn.Module):
         """x: float [B, T, H], or [N, H] with `packed`; mask: bool [B, 1, 1|T, T] or None.
         Returns the projected context, shaped like x, and the probabilities [B, nh, T, T] when asked."""
         q, k, v = self.query(x), self.key(x), self.value(x)
+        projections = self.table_projections(positions.table) if positions is not None else (None, None)
+        attend = native_attention(self, (q, k, v, *projections)) if not output_attentions else None
+        if attend is not None and (packed is not None or mask is None):
+            # Inference on CPU: the native kernel, straight on the real tokens (no [B, nh, T, T] tensors).
+            (q, k, v), cu_seqlens = varlen((q, k, v), packed)
+            rows = positions.rows if positions is not None else torch.zeros(1, dtype=torch.long)
+            context = attend(q, k, v, cu_seqlens, self.num_heads, projections[1], projections[0], rows, 1.0 / self.scale)
+            return self.out(context.view(x.shape)), None
         if packed is not None:
             q, k, v = to_sequences(q, packed), to_sequences(k, packed), to_sequences(v, packed)
             mask = packed.key_mask
-        projections = self.table_projections(positions.table) if positions is not None else (None, None)
         context, probs = self.attend(q, k, v, mask, positions, projections)
         if packed is not None:
             context = from_sequences(context, packed)
         return self.out(context), probs if output_attentions else None
+
+
+def native_attention(module: DisentangledAttention, tensors: tuple) -> Callable[..., torch.Tensor] | None:
+    """The native disentangled attention op (`kernels/disentangled_attention.cpp`) when it can take this
+    call, else None: inference (nothing needs a gradient, no attention dropout) in eager mode on CPU,
+    q, k, v and the table's projections (None where a term is off) all float32 or all bf16."""
+    given = [t for t in tensors if t is not None]
+    dtype = given[0].dtype
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or (module.training and module.dropout_p > 0.0)
+            or dtype not in (torch.float32, torch.bfloat16)
+            or any(t.requires_grad or t.device.type != "cpu" or t.dtype != dtype for t in given)):
+        return None
+    return kernels.disentangled_attention()
 
 
 class DebertaEmbeddings(nn.Module):
@@ -360,23 +383,23 @@ class DebertaV2Model(BertModel):
         c = self.config
         if not c.relative_attention:
             return None
-        i = torch.arange(T, device=device)
-        distance = i[:, None] - i[None, :]  # (T, T): query i, key j
+        distance = torch.arange(1 - T, T, device=device)  # (2T - 1,): every i - j of rows of T tokens
         if c.position_buckets > 0:
             distance = log_buckets(distance, c.position_buckets, c.max_distance)
         k = c.relative_span
-        index = (distance + k).clamp(0, 2 * k - 1)
+        rows = (distance + k).clamp(0, 2 * k - 1)
         table = self.rel_embeddings.weight
         if not torch.compiler.is_compiling():
             # Rows of T tokens use only the distances -(T-1)..T-1: a contiguous slice of the 2k-row table
             # (49 of DeBERTa-v3's 512 rows for a 25-token sentence). Every layer projects the table twice
             # and scores each query against every row, so the slice saves that work 12 times over; the
             # numbers are the same, row by row. (An export keeps the whole table: no data-dependent shapes.)
-            lo, hi = int(index.min()), int(index.max())
-            table, index = table[lo:hi + 1], index - lo
+            lo, hi = int(rows[0]), int(rows[-1])  # the buckets grow with the distance
+            table, rows = table[lo:hi + 1], rows - lo
         if self.rel_norm is not None:
             table = self.rel_norm(table)
-        return RelativePositions(table, index)
+        i = torch.arange(T, device=device)
+        return RelativePositions(table, rows, rows[i[:, None] - i[None, :] + (T - 1)])
 
     def encode(self, x: torch.Tensor, mask: torch.Tensor | None, packed: Packing | None,
                output_attentions: bool, position_ids: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:

@@ -19,7 +19,7 @@ from torch import nn
 from ..kernels import attention as training_attention
 from ..kernels.dropout import dropout
 from .config import HIDDEN_ACT, BertConfig
-from .padding import Packing, from_sequences, to_sequences
+from .padding import Packing, from_sequences, to_sequences, varlen
 
 
 def activation(name: str) -> nn.Module:
@@ -97,12 +97,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.query(x), self.key(x), self.value(x)
         if self.training and not output_attentions and fused_training(self, q) and (packed is not None or mask is None):
             # Training on CPU: attention straight on the real tokens, keeping no padded [B, nh, T, T] tensors.
-            if packed is not None:
-                cu_seqlens = packed.cu_seqlens
-            else:  # every row full: B sequences of T tokens
-                B, T, H = x.shape
-                cu_seqlens = torch.arange(0, (B + 1) * T, T, device=x.device)
-                q, k, v = q.reshape(B * T, H), k.reshape(B * T, H), v.reshape(B * T, H)
+            (q, k, v), cu_seqlens = varlen((q, k, v), packed)
             context = training_attention.attention(q, k, v, cu_seqlens, self.num_heads, self.dropout_p)
             return self.out(context.view(x.shape)), None
         if packed is not None:  # attention needs the sequences: scatter the real tokens into one row each

@@ -108,6 +108,16 @@ def pad(x: torch.Tensor, p: Packing) -> torch.Tensor:
     return out.view(p.batch, p.seq_len, *x.shape[1:])
 
 
+def varlen(tensors: tuple[torch.Tensor, ...], p: Packing | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Tensors of the real tokens as the varlen attention kernels take them: float [N, H] each, and
+    cu_seqlens [S + 1]. Unpadded inputs ([N, H], with `p`) pass as they are; without `p` every row
+    is full, so [B, T, H] becomes B sequences of T tokens."""
+    if p is not None:
+        return list(tensors), p.cu_seqlens
+    B, T, H = tensors[0].shape
+    return [t.reshape(B * T, H) for t in tensors], torch.arange(0, (B + 1) * T, T, device=tensors[0].device)
+
+
 def to_sequences(x: torch.Tensor, p: Packing) -> torch.Tensor:
     """[N, ...] -> [S, max_seqlen, ...]: one row per sequence, zeros after its end."""
     out = x.new_zeros((p.num_seqs * p.max_seqlen, *x.shape[1:]))
