@@ -108,6 +108,25 @@ def test_bf16_in_and_out_is_the_float32_answer_rounded_once(attend, hidden, head
             assert torch.equal(got, attend(qkv.float(), cu(lengths), heads, *rotary, window).bfloat16())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_op_turns_q_and_k_as_modernbert_does(dtype):
+    """The one-pass rotation of a fused QKV's q and k (for the global layers SDPA runs) against
+    `rotate`: float32 within rounding, bf16 within one unit in the last place (both round once)."""
+    turn = kernels.rotary()
+    torch.manual_seed(6)
+    N, heads, d = 70, 4, 32
+    qkv = torch.randn(N, 3 * heads * d).to(dtype)
+    cos, sin = rotary_tables(torch.arange(N), 10_000.0, d)
+    got = turn(qkv, cos, sin, heads)
+    q, k, _ = qkv.view(N, 3, heads, d).unbind(1)
+    expected = torch.stack([rotate(q, cos, sin), rotate(k, cos, sin)]).reshape(2, N, heads * d)
+    assert got.dtype == dtype
+    tolerance = 1e-6 if dtype == torch.float32 else 2.0 ** -7 * expected.abs().float()
+    assert ((got.float() - expected.float()).abs() <= tolerance).all()
+    with pytest.raises(RuntimeError, match="head size even"):
+        turn(qkv, cos[:, :31], sin[:, :31], heads)
+
+
 def test_long_sequences_match(attend):
     """One sequence of 2,048 tokens (a power-of-two key stride) and one of 1,100, global and local."""
     torch.manual_seed(3)

@@ -8,11 +8,15 @@ The same maths as `models/modernbert.py`, with the work arranged for a CPU:
    element-wise passes (two casts, a concatenation, two products and a sum) per layer.
 3. A local layer's queries score only the key blocks within their window, in the same kernel:
    its cost grows as T * window, not T^2, and nothing T x T exists. A global layer over sequences
-   longer than `LONGEST_NATIVE_GLOBAL`, or under bf16 autocast, runs SDPA (rotating in torch ops),
-   which is faster there.
+   longer than `LONGEST_NATIVE_GLOBAL`, or under bf16 autocast, runs SDPA, which is faster there,
+   on q and k rotated by a native one-pass kernel (`kernels/rotary.cpp`).
 4. GeGLU, act(x Wv) * (x Wg), is two matmuls with the activation and the product fused into
    them as oneDNN post-ops, instead of one wide matmul, a split, an activation and a product.
 5. Each residual add runs inside the projection before it (float32).
+6. Under bf16 autocast the residual adds and LayerNorms run in native one-pass kernels
+   (`kernels/layer_norm.cpp`): the attention's residual add and the norm after it together, the
+   norm writing bf16 for the matmul after it, where torch would widen the bf16 matmul output,
+   add, normalise in float32 and cast (four passes).
 Unpadding stays: only real tokens go through the matmuls and attention.
 
 Under CPU autocast to bfloat16 the matmuls run in bfloat16 on weights packed once in bfloat16
@@ -36,6 +40,7 @@ import torch
 
 import torch.nn.functional as F
 
+from .. import kernels
 from ..models.modernbert import PreNormLayer, rotate
 from ..models.padding import Packing, from_sequences, to_sequences
 from .onednn import Packed, PackedBlock, matmul_dtype, post_op, residual
@@ -99,20 +104,41 @@ class FusedPreNormLayer(PackedBlock):
             starts = packed.cu_seqlens
         cos, sin = (t.reshape(-1, attention.head_dim) for t in rotary[layer.kind])
         with torch.autocast("cpu", enabled=False):  # each op below runs in the dtype chosen for it
-            qkv = w.qkv(layer.attention_norm(x).to(dtype))  # (N, 3H), the query already scaled
+            qkv = w.qkv(normed(layer.attention_norm, x, dtype))  # (N, 3H), the query already scaled
             longest = packed.max_seqlen if packed is not None else shape[1]
             if attention.window is None and (dtype != torch.float32 or longest > LONGEST_NATIVE_GLOBAL):
                 context = _sdpa(qkv, cos, sin, attention.num_heads, packed, shape[:-1])
             else:
                 window = attention.window if attention.window is not None else -1
                 context = self.attend(qkv, starts, attention.num_heads, cos, sin, window)  # (N, H), qkv's dtype
-            x = residual(w.out, context, x)
-            h = layer.ffn_norm(x).to(dtype)
+            x, h = residual_normed(w.out, context, x, layer.ffn_norm, dtype)
             value = w.value(h)
             if w.act is not None:
                 value = w.act(value)
             x = residual(w.down, w.gate.times(h, value), x)
         return x.view(shape), None
+
+
+def normed(norm: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """norm(x) in `dtype`, the matmuls' input: x float32 [N, H] -> [N, H]. For bf16 a LayerNorm runs
+    in the native kernel that writes bf16 as it normalises (one pass instead of a norm and a cast)."""
+    if dtype == torch.bfloat16 and isinstance(norm, torch.nn.LayerNorm) and x.is_contiguous():
+        op = kernels.layer_norm_bf16()
+        if op is not None:
+            return op(x, norm.weight, norm.bias, norm.eps)
+    return norm(x).to(dtype)
+
+
+def residual_normed(linear: Packed, inp: torch.Tensor, stream: torch.Tensor, norm: torch.nn.Module,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x = stream + linear(inp) (float32 [N, H]) and norm(x) in `dtype`. For bf16 a LayerNorm is
+    fused with the add in the native kernel: the sum is written once and normalised in cache."""
+    if dtype == torch.bfloat16 and isinstance(norm, torch.nn.LayerNorm) and stream.is_contiguous():
+        op = kernels.add_layer_norm_bf16()
+        if op is not None:
+            return op(stream, linear(inp), norm.weight, norm.bias, norm.eps)
+    x = residual(linear, inp, stream)
+    return x, normed(norm, x, dtype)
 
 
 def _sdpa(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, packed: Packing | None,
@@ -121,7 +147,11 @@ def _sdpa(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, p
     sequences as `packed` says, or `rows` (B, T) of full rows -> the context, float [N, H]."""
     N, H = qkv.shape[0], qkv.shape[1] // 3
     q, k, v = qkv.view(N, 3, heads, H // heads).unbind(1)  # each (N, nh, hd)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    turn = kernels.rotary()
+    if turn is not None:  # one pass over q and k instead of five each
+        q, k = turn(qkv, cos, sin, heads).view(2, N, heads, H // heads).unbind(0)
+    else:
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     if packed is None:
         mask = None
         q, k, v = (t.reshape(*rows, heads, -1).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .. import kernels
+
 _mkldnn = torch.ops.mkldnn
 # Activations oneDNN can fuse into a matmul, by module type: its name and algorithm.
 POST_OPS = {torch.nn.GELU: lambda m: ("gelu", "tanh" if m.approximate == "tanh" else "none"),
@@ -69,10 +71,17 @@ class Packed:
 
 def residual(linear: Packed, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
     """stream + linear(x), the residual stream float32: in one pass over the output where the
-    weights are float32; a bfloat16 matmul's output is added to the stream on its own."""
+    weights are float32; a bfloat16 matmul's output is added to the stream on its own (in one
+    native pass, `kernels.add_bf16`, where the kernels are built)."""
     if linear.dtype == torch.float32:
         return linear.plus(x, stream)
-    return stream + linear(x.to(linear.dtype))
+    y = linear(x.to(linear.dtype))
+    add = kernels.add_bf16() if linear.dtype == torch.bfloat16 and stream.is_contiguous() else None
+    # torch's mixed add would first widen y into a float32 copy: two passes where the kernel takes one
+    if add is None or not y.is_contiguous() or y.shape != stream.shape:
+        return stream + y
+    H = stream.shape[-1]
+    return add(stream.view(-1, H), y.view(-1, H)).view(stream.shape)
 
 
 class PackedBlock:

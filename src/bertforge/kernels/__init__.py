@@ -1,6 +1,6 @@
 """Native CPU kernels, compiled from the C++ beside this file the first time they are needed.
 
-Five kernels, built together into one library (`simd.h` holds what they share, and
+Seven kernels, built together into one library (`simd.h` holds what they share, and
 `attention_blocks.h` what the two inference attentions share):
 - `varlen_attention`: attention straight on the unpadded tokens of the fused encoder, for
   inference, with ModernBERT's rotary positions and local window as options (see
@@ -12,6 +12,11 @@ Five kernels, built together into one library (`simd.h` holds what they share, a
   hashed in (`attention_train.cpp`; the autograd wrapper is `kernels.attention`);
 - `hashed_dropout`: training's dropout with a mask hashed from each element's index, so it is
   cheap to draw and never stored (`dropout.cpp`; the autograd wrapper is `kernels.dropout`);
+- `layer_norm_bf16`, `add_bf16`, `add_layer_norm_bf16`: the residual add of a bf16 matmul's
+  output to the float32 stream and the LayerNorm writing bf16, each in one pass, for the fused
+  blocks under bf16 autocast (`layer_norm.cpp`);
+- `rotary`: ModernBERT's rotary positions applied to a fused QKV's q and k in one pass, for the
+  global layers the fused blocks hand to SDPA (`rotary.cpp`);
 - `cross_entropy`: the masked-LM loss over the vocabulary without torch's [M, V] float32
   intermediates (`cross_entropy.cpp`; the autograd wrapper is `kernels.cross_entropy`).
 
@@ -47,7 +52,8 @@ log = logging.getLogger(__name__)
 
 SWITCH = "BERTFORGE_NATIVE_KERNELS"
 _SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "disentangled_attention.cpp",
-                                                     "attention_train.cpp", "dropout.cpp", "cross_entropy.cpp")]
+                                                     "attention_train.cpp", "dropout.cpp", "cross_entropy.cpp",
+                                                     "layer_norm.cpp", "rotary.cpp")]
 _HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "attention_blocks.h")]
 # -fopenmp: at::parallel_for is inline and, in OpenMP builds of torch, an `omp parallel` region;
 # without the flag it runs on one thread. No OpenMP library is linked: the symbols resolve to the
@@ -131,6 +137,42 @@ def disentangled_attention() -> Callable[..., torch.Tensor] | None:
     pq[r] k_j)) v with r = rows[i - j], computed in float32.
     """
     return torch.ops.bertforge.disentangled_attention if library() else None
+
+
+def layer_norm_bf16() -> Callable[..., torch.Tensor] | None:
+    """The native LayerNorm-to-bf16 op, built or loaded on first call; None where it cannot be had.
+
+    The op: (x float32 [N, H] contiguous, weight float32 [H] or None, bias float32 [H] or None, eps)
+    -> bf16 [N, H]: LayerNorm in float32, each output rounded once to bf16.
+    """
+    return torch.ops.bertforge.layer_norm_bf16 if library() else None
+
+
+def rotary() -> Callable[..., torch.Tensor] | None:
+    """The native rotary op, built or loaded on first call; None where it cannot be had.
+
+    The op: (qkv float32 or bf16 [N, 3H] contiguous, cos, sin float32 [N, head size], num_heads) ->
+    [2, N, H] in qkv's dtype: q and k turned as `models.modernbert.rotate` turns them, in float32,
+    rounded once.
+    """
+    return torch.ops.bertforge.rotary if library() else None
+
+
+def add_bf16() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The native residual add, built or loaded on first call; None where it cannot be had.
+
+    The op: (stream float32 [N, H], y bf16 [N, H], both contiguous) -> stream + y, float32 [N, H].
+    """
+    return torch.ops.bertforge.add_bf16 if library() else None
+
+
+def add_layer_norm_bf16() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The native residual add and LayerNorm, built or loaded on first call; None where it cannot be had.
+
+    The op: (stream float32 [N, H], y bf16 [N, H], weight, bias (float32 [H] or None), eps) ->
+    (x = stream + y float32 [N, H], LayerNorm(x) rounded to bf16 [N, H]).
+    """
+    return torch.ops.bertforge.add_layer_norm_bf16 if library() else None
 
 
 def hashed_dropout() -> Callable[[torch.Tensor, int, int, float], torch.Tensor] | None:

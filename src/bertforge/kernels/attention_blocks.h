@@ -1,6 +1,6 @@
 // The pieces both inference attention kernels (varlen_attention.cpp, disentangled_attention.cpp)
 // are built from: QB query rows handled together, their scores against blocks of W keys, the
-// softmax of those rows, and p v. Why QB rows together: their dependency chains are independent,
+// softmax of those rows, and p v; and the rotary turn of one row (varlen_attention.cpp, rotary.cpp). Why QB rows together: their dependency chains are independent,
 // so the FMA units are kept busy instead of waiting on one chain.
 
 #pragma once
@@ -80,6 +80,18 @@ void weighted_values(const float* v0, int64_t row, int64_t L, const float* p, in
         for (int64_t j = 0; j < L; ++j) o += p[r * Lp + j] * v0[j * row + c];
         out[r * H + c] = static_cast<T>(o * inv[r]);
       }
+  }
+}
+
+// One query or key row x [d] (float or bfloat16), turned by its token's angles into float32 y:
+// pair (c, c + d/2) is rotated as transformers' x * cos + rotate_half(x) * sin does it, in float32.
+template <typename T>
+inline void rotate_row(const T* x, const float* cs, const float* sn, int64_t d, float* y) {
+  const int64_t half = d / 2;
+  for (int64_t c = 0; c < half; ++c) {
+    const float a = static_cast<float>(x[c]), b = static_cast<float>(x[c + half]);
+    y[c] = a * cs[c] - b * sn[c];
+    y[c + half] = b * cs[c + half] + a * sn[c + half];
   }
 }
 

@@ -54,18 +54,6 @@ struct Rope {
   const float* sin = nullptr;
 };
 
-// One query or key row x [d] (float or bfloat16), turned by its token's angles into float32 y:
-// pair (c, c + d/2) is rotated as transformers' x * cos + rotate_half(x) * sin does it, in float32.
-template <typename T>
-inline void rotate_row(const T* x, const float* cs, const float* sn, int64_t d, float* y) {
-  const int64_t half = d / 2;
-  for (int64_t c = 0; c < half; ++c) {
-    const float a = static_cast<float>(x[c]), b = static_cast<float>(x[c + half]);
-    y[c] = a * cs[c] - b * sn[c];
-    y[c + half] = b * cs[c + half] + a * sn[c + half];
-  }
-}
-
 // One head of one sequence: rows [base, base + L) of qkv [N, 3H] -> the same rows of out [N, H],
 // both of type T (float or bfloat16; the arithmetic is float32 either way). Queries, keys and values
 // are read once into float32 buffers: keys transposed (kT), values together (vc), queries (qr) when
