@@ -10,8 +10,9 @@ Inputs: every SST-2 dev sentence in length-sorted batches of 32, or (--tokens N)
 N tokens cut from WikiText-2 as one stream, in batches of --batch. Runners, interleaved pass by pass so
 the machine's drift falls on all alike:
 - bertforge: `AutoModel` on its default backend, `fused` (ModernBERT's blocks on packed oneDNN weights
-  and the native rotary/windowed attention kernel; DeBERTa's blocks as they are), unpadded; under
-  --precision bf16 the fused blocks step aside for eager PyTorch under the same autocast;
+  and the native rotary/windowed attention kernel; DeBERTa's on packed oneDNN weights and its
+  native attention kernel), unpadded; --precision bf16 runs it under bf16 autocast, which
+  the fused blocks honour with bf16-packed weights;
 - transformers: eager and, where the family has it (ModernBERT), SDPA attention;
 - onnxruntime: bertforge's ONNX export of the same model (`--backend onnx`), where installed.
 Reports rows/s per runner and bertforge's ratio to each, per pass as mean ± std; --precision bf16 runs

@@ -204,3 +204,36 @@ def test_the_model_under_bf16_autocast_is_as_close_as_eager_autocast():
                 eager = model(ids, attention_mask=mask).last_hidden_state[real].float()
     fast_error, eager_error = (fast - exact).abs().max().item(), (eager - exact).abs().max().item()
     assert 1e-4 < fast_error <= 1.5 * eager_error
+
+
+def test_the_fused_backend_runs_deberta_blocks_packed():
+    """`fuse_for_inference` on DeBERTa: its blocks run on packed weights with the kernel reading q, k, v
+    from the one QKV matmul: in float32 within 1e-5 of eager, unpadded and full rows; under bf16
+    autocast on bf16-packed weights, as close to float32 as eager autocast; training stays eager."""
+    from bertforge.inference import fused
+
+    if not fused.available():
+        pytest.skip("this torch build has no oneDNN kernels")
+    model, ids, mask = model_and_batch()
+    eager, _, _ = model_and_batch()
+    fused.fuse_for_inference(model)
+    real = mask.bool()
+    with torch.no_grad():
+        for m in (mask, torch.ones_like(mask)):  # unpadded, and full rows
+            got, expected = model(ids, attention_mask=m).last_hidden_state, eager(ids, attention_mask=m).last_hidden_state
+            torch.testing.assert_close(got[m.bool()], expected[m.bool()], atol=1e-5, rtol=0)
+        assert model.layers[0].forward.packs.keys() == {torch.float32}
+        exact = eager(ids, attention_mask=mask).last_hidden_state[real]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours = model(ids, attention_mask=mask).last_hidden_state[real].float()
+            theirs = eager(ids, attention_mask=mask).last_hidden_state[real].float()
+            full = model(ids).last_hidden_state.float()
+            full_eager = eager(ids).last_hidden_state.float()
+            assert model.layers[0].forward.packs.keys() == {torch.float32, torch.bfloat16}
+    ours_error, eager_error = (ours - exact).abs().max().item(), (theirs - exact).abs().max().item()
+    assert 1e-4 < ours_error <= 1.5 * eager_error
+    assert (full - full_eager).abs().max().item() <= 2 * eager_error
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, attention_mask=mask).last_hidden_state.float().sum().backward()  # eager: it has a gradient
+    assert model.layers[0].attention.query.weight.grad is not None
