@@ -37,7 +37,8 @@ def stop_at(args: list[str], out: Path, after_step: int, sig: int) -> subprocess
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        rows = metrics.read_text().splitlines() if metrics.is_file() else []
+        # Whole lines only: the run may be mid-way through writing the last one.
+        rows = metrics.read_text().split("\n")[:-1] if metrics.is_file() else []
         if rows and json.loads(rows[-1])["step"] >= after_step:
             break
         time.sleep(0.02)
