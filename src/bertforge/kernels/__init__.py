@@ -23,7 +23,7 @@ Seven kernels, built together into one library (`simd.h` holds what they share, 
 They are built with PyTorch's own extension
 tooling (`torch.utils.cpp_extension.load`: a C++ compiler and ninja), once per machine, into
 PyTorch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions);
-about 10 s on a 2-core machine, then a load of a few milliseconds.
+about 35 s on a 2-core machine (seven sources, 2026-11-26), then a load of a few milliseconds.
 
 Where they cannot be built (no compiler) bertforge says so once and runs them in PyTorch ops
 instead: inference attention and the loss give the same numbers within float rounding (attention
@@ -101,7 +101,7 @@ def library() -> bool:
         build_dir = Path(_get_build_directory(name, verbose=False))
         _clear_stale_lock(build_dir / "lock")
         if not (build_dir / f"{name}.so").exists():  # a first start pauses here; say why (with -v)
-            log.info("compiling bertforge's native kernels for this machine (%s), once: about 10 s", capability)
+            log.info("compiling bertforge's native kernels for this machine (%s), once: about half a minute", capability)
         load(name=name, sources=[str(source) for source in _SOURCES],
              extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS.get(capability, [])], is_python_module=False, verbose=False)
     except Exception as error:  # no compiler or no ninja: slower paths, not wrong ones
