@@ -6,8 +6,11 @@ that need it are skipped cleanly when it is absent.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,10 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ["OMP_NUM_THREADS"] = str(_share)
     torch.set_num_threads(_share)
+# `--matmul auto` caches its timings per machine (training/matmul.py): tests keep theirs in a directory
+# of their own, not the user's ~/.cache. Subprocesses inherit it, so a test's runs agree with each other.
+os.environ["BERTFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertforge-test-cache-")
+atexit.register(shutil.rmtree, os.environ["BERTFORGE_CACHE_DIR"], True)
 
 
 def shared(*parts: str) -> Path:

@@ -78,6 +78,8 @@ class LoopSettings:
     time_budget: float | None = setting(None, "stop after this long, in seconds or as 30m, 2h")
     precision: str = setting("auto", "fp32, bf16 (autocast, fp32 master weights), or auto: bf16 where the CPU or "
                                      "GPU has native bf16 (AMX, AVX512-BF16, Ampere+), else fp32")
+    matmul: str = setting("auto", "fp32 CPU training's linear layers: torch (its BLAS, MKL on x86), onednn, or "
+                                  "auto: the faster of the two per layer shape, measured once per machine")
     compile: bool = setting(False, "torch.compile the model")
     pack: bool = setting(False, "pack several examples per row (block-diagonal attention): same loss, fewer rows")
     seed: int = setting(0, "seed of every random choice: data order, masking, dropout, new weights")
@@ -100,10 +102,13 @@ class LoopSettings:
             raise ConfigError(f"{flag('optimizer')} must be adamw or lamb, not {self.optimizer!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"{flag('precision')} must be auto, fp32 or bf16, not {self.precision!r}")
+        if self.matmul not in ("auto", "torch", "onednn"):
+            raise ConfigError(f"{flag('matmul')} must be auto, torch or onednn, not {self.matmul!r}")
         if self.backend not in ("torch", "jax"):
             raise ConfigError(f"{flag('backend')} must be torch or jax, not {self.backend!r}")
         if self.backend == "jax":  # what the JAX engine does not do (yet): refused, never ignored
             for name, torch_only in (("optimizer", self.optimizer != "adamw"), ("precision", self.precision == "bf16"),
+                                     ("matmul", self.matmul != "auto"),
                                      ("compile", self.compile), ("pack", self.pack)):
                 if torch_only:
                     raise ConfigError(f"{flag(name)} {getattr(self, name)} is not available with --backend jax")

@@ -44,6 +44,7 @@ from .checkpoint import (
     save_checkpoint,
     torch_files,
 )
+from .matmul import MatmulChoice
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .precision import autocast_for, resolve
 
@@ -83,6 +84,10 @@ class Trainer:
         self.optimizer = self._make_optimizer()
         self.train_model = dist.wrap(torch.compile(self.model) if config.compile else self.model)
         self._set_precision(*resolve(config.precision, self.device))
+        # fp32 CPU linears on torch's BLAS or oneDNN, per shape (`matmul.py`). The choices are part of the
+        # run's settings (the same dict), so every checkpoint carries them and a resume keeps them.
+        self.matmuls = MatmulChoice(config.matmul, measure=self.world == 1)
+        self.run_info.update(matmul=config.matmul, matmuls=self.matmuls.choices)
         self.metrics_file = self.out / "metrics.jsonl"
         self.checkpoints = self.out / "checkpoints"
         self.state: dict[str, Any] = {"epoch": 0, "position": 0, "horizon": None, "elapsed": 0.0,
@@ -134,6 +139,12 @@ class Trainer:
         if self.config.precision == "auto" and saved_run["precision"] in ("fp32", "bf16"):
             # What `auto` chose when the run started, not what it would choose here: the resume stays exact.
             self._set_precision(saved_run["precision"], "the precision this run started with")
+        if "matmul" not in saved_run:  # checkpoints from before --matmul: every linear ran on torch's BLAS
+            saved_run.update(matmul="torch", matmuls={})
+        if self.config.matmul == "auto" and saved_run["matmul"] in ("torch", "onednn", "auto"):
+            # As for precision: `auto` takes what the run started with, and the choices it made, not new timings.
+            self.matmuls.restore(saved_run["matmul"], saved_run.get("matmuls") or {})
+            self.run_info["matmul"] = saved_run["matmul"]
         differences = [k for k in sorted(set(saved_run) | set(self.run_info))
                        if k not in _RESUME_FREE and saved_run.get(k) != self.run_info.get(k)]
         if differences:
@@ -197,6 +208,10 @@ class Trainer:
         while stop_reason is None:
             grad_norm, lr = self._optimizer_step(step, window)
             step += 1
+            self.matmuls.settled = True
+            if main and self.matmuls.reasons:  # the shapes first met in this step, and why each library
+                print("matmuls: " + "; ".join(self.matmuls.reasons), file=sys.stderr, flush=True)
+                self.matmuls.reasons.clear()
             epoch_ended = self._advance_position()
             self.state["elapsed"] = time.perf_counter() - started
             window.step_done(grad_norm, lr)
@@ -278,7 +293,7 @@ class Trainer:
             batch = {k: v.to(self.device) for k, v in self.task.micro_batch(self.state["epoch"], index).items()}
             sync = (contextlib.nullcontext() if a == c.grad_accum - 1 or self.world == 1
                     else self.train_model.no_sync())
-            with sync, self.autocast():
+            with sync, self.autocast(), self._route_matmuls():
                 loss, parts = self.task.loss(self.train_model, batch)
                 (loss / c.grad_accum).backward()
             window.add(loss, parts, int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0)
@@ -293,6 +308,12 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm), lr
+
+    def _route_matmuls(self) -> contextlib.AbstractContextManager:
+        """Around a micro-batch's forward and backward: fp32 CPU linears on the library chosen per shape."""
+        if self.config.compile or not self.matmuls.applies(self.device, self.precision):
+            return contextlib.nullcontext()
+        return self.matmuls.context()
 
     def _diverged(self, step: int, loss: float, lr: float) -> "TrainingDiverged":
         last = latest_checkpoint(self.checkpoints)
