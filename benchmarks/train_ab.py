@@ -13,8 +13,11 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
   scatters the tokens into padded rows and keeps [B, nh, T, T] scores; both with hashed dropout.
 - `loss`: the masked-LM loss on the native cross-entropy (`kernels/cross_entropy.cpp`) against
   torch's `F.cross_entropy(logits.float(), targets)`, which writes [M, V] float32 tensors.
+- `buckets` (bf16 only): the training loop's linears under bf16 autocast with their token counts
+  rounded up to a bucket (`training/matmul.py`'s `BucketBF16`), so that oneDNN reuses its compiled
+  primitives, against autocast's linears on each batch's own count.
 
-    python -m benchmarks.train_ab --change dropout|attention|loss [--sizes mini,base] [--steps 8]
+    python -m benchmarks.train_ab --change dropout|attention|loss|buckets [--sizes mini,base] [--steps 8]
 """
 
 from __future__ import annotations
@@ -27,28 +30,31 @@ import torch.nn.functional as F
 
 from bertforge import Tokenizer
 from bertforge.models import heads, layers
+from bertforge.training.matmul import BucketBF16
 
 from .common import machine, minilm_dir, save
 from .pretrain_throughput import paired_models
 from .train_peak import PRECISIONS, interleaved_rates, masked_batches, sizes_and_steps
 
 
-# --change: (the result file, the name of the step without the kernel, a context that swaps the kernel
-# out for torch's own ops, the name with it).
+# --change: (the result file, the name of the step without the change, a context that swaps it out for
+# torch's own ops, the name with it, a context that turns it on (None: on by default), the precisions).
 CHANGES = {
     "dropout": ("dropout_ab", "torch dropout",
                 lambda: patch.object(layers, "dropout", lambda x, p, training=True: F.dropout(x, p, training)),
-                "hashed dropout"),
+                "hashed dropout", None, PRECISIONS),
     "attention": ("attention_ab", "explicit attention",
-                  lambda: patch.object(layers, "fused_training", lambda module, q: False), "fused attention"),
+                  lambda: patch.object(layers, "fused_training", lambda module, q: False), "fused attention",
+                  None, PRECISIONS),
     "loss": ("loss_ab", "torch's cross-entropy",
              lambda: patch.object(heads, "cross_entropy", lambda logits, t: F.cross_entropy(logits.float(), t)),
-             "native cross-entropy"),
+             "native cross-entropy", None, PRECISIONS),
+    "buckets": ("buckets_ab", "autocast's linears", None, "bucketed token counts", BucketBF16, ("bf16",)),
 }
 
 
 def measure(change: str, sizes: list[str], steps: int, warmup: int = 2) -> dict:
-    _, before, without, after = CHANGES[change]
+    _, before, without, after, with_it, precisions = CHANGES[change]
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
     batches = masked_batches(tokenizer, warmup + steps)
     result = {"machine": machine(), "batch_size": 16, "seq_len": 128, "torch": torch.__version__,
@@ -57,8 +63,8 @@ def measure(change: str, sizes: list[str], steps: int, warmup: int = 2) -> dict:
     for size in sizes:
         ours, _ = paired_models(size, tokenizer)
         optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True)
-        runners = {before: (ours, optimizer, without), after: (ours, optimizer, None)}
-        for precision in PRECISIONS:
+        runners = {before: (ours, optimizer, without), after: (ours, optimizer, with_it)}
+        for precision in precisions:
             rates = interleaved_rates(runners, batches, precision, warmup)
             row = {"size": size, "precision": precision, **{f"{k} tokens/s": round(v) for k, v in rates.items()},
                    "speedup": round(rates[after] / rates[before], 2)}

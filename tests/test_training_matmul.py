@@ -4,6 +4,7 @@ Correctness only: which library is faster is a benchmark (benchmarks/train_matmu
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -12,9 +13,10 @@ import torch.nn.functional as F
 
 from bertforge import BertConfig, BertForPreTraining
 from bertforge.errors import ConfigError
+from bertforge.models.padding import bucket_rows
 from bertforge.training import matmul
 from bertforge.training.checkpoint import latest_checkpoint
-from bertforge.training.matmul import MatmulChoice, OneDNNLinear, onednn_linear
+from bertforge.training.matmul import BucketBF16, MatmulChoice, OneDNNLinear, onednn_linear
 from bertforge.training.trainer import TrainConfig, Trainer
 from conftest import FixedBatches
 
@@ -117,8 +119,8 @@ def tiny_run(tmp_path, name, **settings):
         batches.append({"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids),
                         "labels": torch.where(torch.rand(4, 16, generator=g) < 0.3, ids, -100),
                         "next_sentence_label": torch.tensor([0, 1, 0, 1])})
-    cfg = TrainConfig(out=str(tmp_path / name), batch_size=4, progress=False, precision="fp32",
-                      **{"max_steps": 4, "save_every": 2, **settings})
+    cfg = TrainConfig(out=str(tmp_path / name), batch_size=4, progress=False,
+                      **{"max_steps": 4, "save_every": 2, "precision": "fp32", **settings})
     return Trainer(model, FixedBatches(batches), cfg), model
 
 
@@ -189,3 +191,70 @@ def test_bad_settings_are_refused_by_name(tmp_path):
         TrainConfig(out=str(tmp_path), max_steps=1, matmul="mkl")
     with pytest.raises(ConfigError, match="--matmul.* onednn is not available with --backend jax|matmul"):
         TrainConfig(out=str(tmp_path), max_steps=1, matmul="onednn", backend="jax")
+
+
+# ------------------------------------------------------------------ bf16: bucketed token counts
+
+def bf16_linear_grads(lin, x, g, mode):
+    x = x.detach().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16), mode():
+        y = lin(x)
+    return (y, *torch.autograd.grad(y, (x, lin.weight, lin.bias), g))
+
+
+@pytest.mark.parametrize("shape", [(37, 64), (3, 37, 64), (64, 64)])
+def test_a_bucketed_bf16_linear_equals_autocasts(shape):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    x, g = torch.randn(*shape), torch.randn(*shape[:-1], 48)
+    want = bf16_linear_grads(lin, x, g, contextlib.nullcontext)
+    got = bf16_linear_grads(lin, x, g, BucketBF16)
+    assert got[0].dtype == torch.bfloat16 and got[0].shape == want[0].shape
+    assert [t.dtype for t in got[1:]] == [torch.float32] * 3  # master gradients stay float32
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)  # bf16 rounding at most; the zero rows add none
+
+
+def test_bucketing_pads_each_input_once_and_leaves_the_output_writable(monkeypatch):
+    padded = []
+    real = matmul._PadRows.forward
+    monkeypatch.setattr(matmul._PadRows, "forward", staticmethod(lambda ctx, x, rows: padded.append((x.shape[0], rows)) or real(ctx, x, rows)))
+    q, k, v = (torch.nn.Linear(32, 32) for _ in range(3))
+    x = torch.randn(2, 35, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), BucketBF16():
+        out = q(x) + k(x) + v(x)
+        full = q(torch.randn(64, 32))  # already a bucket: not padded
+        y = q(x)
+        y.mul_(2)  # a plain view of the product: in-place ops on it keep working
+    out.float().sum().backward()
+    assert padded == [(70, 72)] and full.shape == (64, 32)
+    assert x.grad.dtype == torch.float32 and x.grad.shape == x.shape
+
+
+def test_outside_bf16_autocast_the_bucketing_does_nothing(monkeypatch):
+    monkeypatch.setattr(matmul._PadRows, "apply", never)
+    lin = torch.nn.Linear(8, 4)
+    with BucketBF16():
+        assert lin(torch.randn(37, 8)).dtype == torch.float32
+
+
+def test_a_bf16_training_run_buckets_its_linears(tmp_path, monkeypatch):
+    calls = []
+    real = matmul._PadRows.apply
+    monkeypatch.setattr(matmul._PadRows, "apply", lambda x, rows: calls.append(rows) or real(x, rows))
+    trainer, model = tiny_run(tmp_path, "bf16", precision="bf16", max_steps=2)
+    # 4 x 16 = 64 tokens is a bucket; drop one token of each row so the run meets 60.
+    for batch in trainer.task.batches:
+        batch["attention_mask"][:, -1] = 0
+        batch["labels"][:, -1] = -100
+    trainer.fit()
+    assert 64 in calls  # the encoder's 60 rows, padded to 64 (the masked rows' decoder has its own bucket)
+    assert all(bucket_rows(r) == r for r in calls)
+
+
+def test_buckets_are_few_and_waste_little():
+    for n in range(1, 20_000):
+        b = bucket_rows(n)
+        assert b >= n and bucket_rows(b) == b and b % 8 == 0
+        assert b - n < max(8, n / 16)  # at most 6.25% above n, or less than one 8-row step
+    assert len({bucket_rows(n) for n in range(1025, 2049)}) == 16  # 16 per octave: a cache of primitives fills fast

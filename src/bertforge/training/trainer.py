@@ -44,7 +44,7 @@ from .checkpoint import (
     save_checkpoint,
     torch_files,
 )
-from .matmul import MatmulChoice
+from .matmul import BucketBF16, MatmulChoice
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .precision import autocast_for, resolve
 
@@ -310,10 +310,13 @@ class Trainer:
         return float(grad_norm), lr
 
     def _route_matmuls(self) -> contextlib.AbstractContextManager:
-        """Around a micro-batch's forward and backward: fp32 CPU linears on the library chosen per shape."""
-        if self.config.compile or not self.matmuls.applies(self.device, self.precision):
+        """Around a micro-batch's forward and backward, on the CPU: bf16 linears on bucketed token
+        counts (so oneDNN reuses its compiled matmuls), fp32 linears on the library chosen per shape."""
+        if self.config.compile or self.device.type != "cpu":
             return contextlib.nullcontext()
-        return self.matmuls.context()
+        if self.precision == "bf16":
+            return BucketBF16()
+        return self.matmuls.context() if self.matmuls.applies(self.device, self.precision) else contextlib.nullcontext()
 
     def _diverged(self, step: int, loss: float, lr: float) -> "TrainingDiverged":
         last = latest_checkpoint(self.checkpoints)
