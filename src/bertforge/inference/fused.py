@@ -51,7 +51,7 @@ from .. import kernels
 from ..models.bert import BertModel
 from ..models.deberta_v2 import DisentangledAttention
 from ..models.layers import BertLayer, SelfAttention
-from ..models.padding import Packing, from_sequences, to_sequences, varlen
+from ..models.padding import Packing, bucket_rows, from_sequences, pad_rows, to_sequences, varlen
 from .fused_modern import fuse_prenorm_layers
 from .onednn import Packed, PackedBlock, available, matmul_dtype, post_op, residual
 
@@ -95,14 +95,23 @@ class _FusedLayer(PackedBlock):
                 or not self.takes(dtype, mask, packed, attention_args)):
             return self.eager(x, mask, output_attentions, packed, **attention_args)
         w = self.packed(dtype)
+        # Unpadded, the token count changes from batch to batch, and oneDNN compiles its matmuls anew
+        # for each new count (~1-2 ms each, more than the product itself at sentence batches): the
+        # block's matmuls run on the count rounded up to a bucket (`bucket_rows`), zero rows below the
+        # real ones, which attention never reads and the end of the block drops.
+        n = x.shape[0]
+        rows = bucket_rows(n) if packed is not None else n
         with torch.autocast("cpu", enabled=False):  # each op below runs in the dtype chosen for it
-            qkv = w.qkv(x.to(dtype))  # (..., 3H)
-            context = self.context(w, qkv, x, mask, packed, **attention_args)
-            x = layer.attention_norm(residual(w.out, context, x))
-            hidden = w.up(x.to(dtype))
+            stream = pad_rows(x, rows) if rows != n else x
+            qkv = w.qkv(stream.to(dtype))  # (..., 3H)
+            context = self.context(w, qkv[:n], x, mask, packed, **attention_args)
+            if rows != n:
+                context = pad_rows(context, rows)
+            stream = layer.attention_norm(residual(w.out, context, stream))
+            hidden = w.up(stream.to(dtype))
             if w.act is not None:
                 hidden = w.act(hidden)
-            return layer.ffn_norm(residual(w.down, hidden, x)), None
+            return layer.ffn_norm(residual(w.down, hidden, stream))[:n], None
 
     def takes(self, dtype: torch.dtype, mask: torch.Tensor | None, packed: Packing | None, attention_args: dict) -> bool:
         """Whether this call runs fused (the checks every fused block makes are done already)."""
