@@ -95,12 +95,13 @@ class _FusedLayer(PackedBlock):
                 or not self.takes(dtype, mask, packed, attention_args)):
             return self.eager(x, mask, output_attentions, packed, **attention_args)
         w = self.packed(dtype)
-        # Unpadded, the token count changes from batch to batch, and oneDNN compiles its matmuls anew
-        # for each new count (~1-2 ms each, more than the product itself at sentence batches): the
-        # block's matmuls run on the count rounded up to a bucket (`bucket_rows`), zero rows below the
-        # real ones, which attention never reads and the end of the block drops.
+        # Unpadded, the token count changes from batch to batch, and oneDNN compiles its bf16 matmuls
+        # anew for each new count (~4-20 ms each, ~10x the product itself at sentence batches;
+        # benchmarks/onednn_shapes.py): in bf16 the block's matmuls run on the count rounded up to a
+        # bucket (`bucket_rows`), zero rows below the real ones, which attention never reads and the
+        # end of the block drops. Its fp32 products showed no such cost, so fp32 runs as it is.
         n = x.shape[0]
-        rows = bucket_rows(n) if packed is not None else n
+        rows = bucket_rows(n) if packed is not None and dtype == torch.bfloat16 else n
         with torch.autocast("cpu", enabled=False):  # each op below runs in the dtype chosen for it
             stream = pad_rows(x, rows) if rows != n else x
             qkv = w.qkv(stream.to(dtype))  # (..., 3H)
