@@ -30,6 +30,7 @@ import transformers
 
 from bertforge import Tokenizer
 from bertforge.data.pretraining import MaskingCollator
+from bertforge.training.matmul import BucketBF16
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 
 from .common import machine, median, minilm_dir, save, wikitext_articles
@@ -104,7 +105,8 @@ def model_steps(size: str, tokenizer: Tokenizer, steps: int, warmup: int = 2) ->
     ours, hf_model = paired_models(size, tokenizer)
     # Each library's default AdamW: torch's fused kernel is what bertforge's loop uses (training/optim.py).
     runners = {"transformers": (hf_model, torch.optim.AdamW(hf_model.parameters(), lr=1e-4), None),
-               "bertforge": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True), None)}
+               "bertforge": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True),
+                             BucketBF16)}  # as the training loop runs it (bucketed bf16 linears; no-op in fp32)
     batches = masked_batches(tokenizer, warmup + steps)
     result = {"non_embedding_parameters": non_embedding_parameters(ours)}
     for precision in PRECISIONS:

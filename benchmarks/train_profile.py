@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bertforge import BertConfig, BertForPreTraining, Tokenizer
 from bertforge.data.pretraining import MaskingCollator
+from bertforge.training.matmul import BucketBF16
 
 from .common import machine, minilm_dir, save
 from .pretrain_throughput import pair_examples
@@ -63,7 +64,7 @@ def profile_step(size: str, precision: str, adamw: str, examples: list[dict], to
     context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
 
     def step(batch):
-        with context():
+        with context(), BucketBF16():  # as the training loop runs it (bucketed bf16 linears; no-op in fp32)
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
