@@ -82,6 +82,18 @@ def test_small_linears_distributed_runs_and_pinned_settings_do_not_measure(tmp_p
         MatmulChoice("mkl")
 
 
+def test_a_cache_that_cannot_be_written_or_read_keeps_torchs_blas(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("BERTFORGE_CACHE_DIR", str(blocker / "cache"))  # its parent is a file: mkdir fails
+    choice = MatmulChoice("auto", probe=never, min_flops=0)
+    assert choice.library(32, 16, 100, True) == "torch" and "cannot use the cache" in choice.reasons[0]
+    monkeypatch.setenv("BERTFORGE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "matmuls.json").write_text("{ damaged")  # a damaged cache is measured again, then rewritten
+    assert MatmulChoice("auto", probe=timings(2.0, 1.0), min_flops=0).library(32, 16, 100, True) == "onednn"
+    assert list(json.loads((tmp_path / "matmuls.json").read_text()).values()) == ["onednn"]
+
+
 def test_the_route_sends_only_fp32_cpu_linears_to_onednn():
     lin = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8, requires_grad=True)

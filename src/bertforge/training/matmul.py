@@ -192,9 +192,19 @@ class MatmulChoice:
     def _decide(self, k: int, o: int, n: int, bias: bool) -> str:
         if not available() or 6 * n * k * o < self.min_flops:
             return "torch"
+        try:
+            return self._cached_or_measured(k, o, n, bias)
+        except OSError as exc:
+            # Without the cache a timing could choose differently on a rerun: keep the default, which is
+            # the same every time, and say why.
+            self.reasons.append(f"{k}x{o}: torch (cannot use the cache {cache_file()}: {exc.strerror or exc}; "
+                                "auto keeps torch's BLAS so that reruns give the same bits)")
+            return "torch"
+
+    def _cached_or_measured(self, k: int, o: int, n: int, bias: bool) -> str:
         key = f"{machine_key()} | {k}x{o} | n~{2 ** round(math.log2(max(n, 1)))}"
         with _locked_cache() as entries:
-            if key in entries:
+            if entries.get(key) in ("torch", "onednn"):
                 self.reasons.append(f"{k}x{o}: {entries[key]} (measured earlier on this machine, {cache_file()})")
                 return entries[key]
             if not self.measure:
