@@ -96,6 +96,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def cache_file() -> Path:
+    """Where `auto`'s choices are kept: $BERTFORGE_CACHE_DIR, else $XDG_CACHE_HOME/bertforge, else ~/.cache/bertforge."""
     root = os.environ.get("BERTFORGE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertforge"
     return Path(root) / "matmuls.json"
 
@@ -205,7 +206,7 @@ class MatmulChoice:
         key = f"{machine_key()} | {k}x{o} | n~{2 ** round(math.log2(max(n, 1)))}"
         with _locked_cache() as entries:
             if entries.get(key) in ("torch", "onednn"):
-                self.reasons.append(f"{k}x{o}: {entries[key]} (measured earlier on this machine, {cache_file()})")
+                self.reasons.append(f"{k}x{o}: {entries[key]} (measured earlier on this machine)")
                 return entries[key]
             if not self.measure:
                 self.reasons.append(f"{k}x{o}: torch (no cached measurement; distributed runs do not measure)")

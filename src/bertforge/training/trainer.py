@@ -44,7 +44,7 @@ from .checkpoint import (
     save_checkpoint,
     torch_files,
 )
-from .matmul import BucketBF16, MatmulChoice
+from .matmul import BucketBF16, MatmulChoice, cache_file
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .precision import autocast_for, resolve
 
@@ -210,7 +210,7 @@ class Trainer:
             step += 1
             self.matmuls.settled = True
             if main and self.matmuls.reasons:  # the shapes first met in this step, and why each library
-                print("matmuls: " + "; ".join(self.matmuls.reasons), file=sys.stderr, flush=True)
+                print(f"matmuls: {'; '.join(self.matmuls.reasons)} [cache: {cache_file()}]", file=sys.stderr, flush=True)
                 self.matmuls.reasons.clear()
             epoch_ended = self._advance_position()
             self.state["elapsed"] = time.perf_counter() - started
