@@ -96,7 +96,7 @@ class _FusedLayer(PackedBlock):
             return self.eager(x, mask, output_attentions, packed, **attention_args)
         w = self.packed(dtype)
         # Unpadded, the token count changes from batch to batch, and oneDNN compiles its bf16 matmuls
-        # anew for each new count (~4-20 ms each, ~10x the product itself at sentence batches;
+        # anew for each new count (~1-20 ms each, ~10x the product itself at sentence batches;
         # benchmarks/onednn_shapes.py): in bf16 the block's matmuls run on the count rounded up to a
         # bucket (`bucket_rows`), zero rows below the real ones, which attention never reads and the
         # end of the block drops. Its fp32 products showed no such cost, so fp32 runs as it is.

@@ -52,7 +52,7 @@ class Packing:
 def bucket_rows(n: int) -> int:
     """n rounded up to one of 16 steps per octave (never more than 6.25% above n; steps of at least 8).
 
-    oneDNN builds (JIT-compiles) a new primitive for every matmul shape it has not seen, about 1-15 ms
+    oneDNN builds (JIT-compiles) a new bf16 matmul primitive for every shape it has not seen, about 1-20 ms
     each on a 2-core Xeon, far more than a bf16 matmul of a few thousand tokens takes. Unpadded batches
     have a new token count almost every time; rounded to these buckets they repeat after a few batches.
     """

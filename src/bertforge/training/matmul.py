@@ -262,7 +262,9 @@ class BucketBF16(TorchFunctionMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._padded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # The last input padded, and its copy: query, key and value come one after another with the
+        # same input. Only the last is kept, so no activation outlives its use for longer than that.
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -271,10 +273,9 @@ class BucketBF16(TorchFunctionMode):
             n = x.numel() // x.shape[-1] if x.dim() >= 2 else 0
             if (n and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
                     and bucket_rows(n) != n):
-                kept = self._padded.get(id(x))
-                if kept is None or kept[0] is not x:
-                    kept = self._padded[id(x)] = (x, _PadRows.apply(x.reshape(n, x.shape[-1]), bucket_rows(n)))
-                out = func(kept[1], *args[1:], **kwargs)[:n]
+                if self._last is None or self._last[0] is not x:
+                    self._last = (x, _PadRows.apply(x.reshape(n, x.shape[-1]), bucket_rows(n)))
+                out = func(self._last[1], *args[1:], **kwargs)[:n]
                 return out.view(*x.shape[:-1], out.shape[-1])
         return func(*args, **kwargs)
 
