@@ -261,8 +261,16 @@ def test_fused_path_equals_transformers(tmp_path, monkeypatch, options):
             model.layers[2].attention.qkv.weight.add_(0.01)
         torch.testing.assert_close(fast(ids).last_hidden_state, eager(ids).last_hidden_state, atol=1e-5, rtol=0)
         exact = eager(ids).last_hidden_state
+        exact_unpadded = eager(input_ids=ids, attention_mask=mask).last_hidden_state[real]
+        assert fused.bucket_rows(int(real.sum())) != int(real.sum())  # unpadded, the bf16 blocks pad to a bucket
+        pads = []
+        real_pad = fused_modern.pad_rows
+        monkeypatch.setattr(fused_modern, "pad_rows", lambda x, rows, dtype=None: pads.append(rows) or real_pad(x, rows, dtype))
         with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 matmuls on bf16-packed weights
             assert_bf16_as_close(fast(ids).last_hidden_state, eager(ids).last_hidden_state, exact)
+            assert_bf16_as_close(fast(input_ids=ids, attention_mask=mask).last_hidden_state[real],
+                                 eager(input_ids=ids, attention_mask=mask).last_hidden_state[real], exact_unpadded)
+        assert pads == [fused.bucket_rows(int(real.sum()))] * (2 * len(fast.layers))  # the stream and the context
     fast.train(), eager.train()
     out = fast(ids).last_hidden_state
     out.sum().backward()

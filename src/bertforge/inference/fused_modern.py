@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..models.modernbert import PreNormLayer, rotate
-from ..models.padding import Packing, from_sequences, to_sequences
+from ..models.padding import Packing, bucket_rows, from_sequences, pad_rows, to_sequences
 from .onednn import Packed, PackedBlock, matmul_dtype, post_op, residual
 
 # A global layer over sequences longer than this runs SDPA instead of the native kernel: the kernel
@@ -103,20 +103,28 @@ class FusedPreNormLayer(PackedBlock):
         else:
             starts = packed.cu_seqlens
         cos, sin = (t.reshape(-1, attention.head_dim) for t in rotary[layer.kind])
+        # bf16 on unpadded tokens: the matmuls run on the count rounded up to a bucket, as BERT's fused
+        # blocks do (fused.py), so that oneDNN reuses the products it compiled for earlier batches.
+        n = x.shape[0]
+        rows = bucket_rows(n) if packed is not None and dtype == torch.bfloat16 else n
         with torch.autocast("cpu", enabled=False):  # each op below runs in the dtype chosen for it
-            qkv = w.qkv(normed(layer.attention_norm, x, dtype))  # (N, 3H), the query already scaled
+            if rows != n:
+                x = pad_rows(x, rows)
+            qkv = w.qkv(normed(layer.attention_norm, x, dtype))[:n]  # (N, 3H), the query already scaled
             longest = packed.max_seqlen if packed is not None else shape[1]
             if attention.window is None and (dtype != torch.float32 or longest > LONGEST_NATIVE_GLOBAL):
                 context = _sdpa(qkv, cos, sin, attention.num_heads, packed, shape[:-1])
             else:
                 window = attention.window if attention.window is not None else -1
                 context = self.attend(qkv, starts, attention.num_heads, cos, sin, window)  # (N, H), qkv's dtype
+            if rows != n:
+                context = pad_rows(context, rows)
             x, h = residual_normed(w.out, context, x, layer.ffn_norm, dtype)
             value = w.value(h)
             if w.act is not None:
                 value = w.act(value)
             x = residual(w.down, w.gate.times(h, value), x)
-        return x.view(shape), None
+        return x[:n].view(shape), None
 
 
 def normed(norm: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
