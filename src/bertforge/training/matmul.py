@@ -250,7 +250,7 @@ class BucketBF16(TorchFunctionMode):
     """Around a bf16-autocast training step on the CPU: the linears see bucketed token counts.
 
     oneDNN, which runs autocast's bf16 matmuls on the CPU, compiles a primitive for each new shape:
-    ~1.3 ms for a [~2000, 256] x [256, 256] product on a 2-core Xeon, ~15 ms for the decoder's
+    ~1.3 ms for a [~2000, 256] x [256, 256] product on a 2-core Xeon, ~20 ms for the decoder's
     [~300, 256] x [256, 30522] gradient, many times what the product itself takes. An unpadded batch
     has a new token count nearly every step, so each of a step's ~80 products compiled anew. Here an
     F.linear on N rows that is not a bucket (`padding.bucket_rows`) runs on its input padded with zero
