@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 import bertforge
-from bertforge.inference import fused, fused_modern
+from bertforge.inference import onednn
 from bertforge.inference.backends import load as load_backend
 
 from .arch_speed import build
@@ -98,8 +98,7 @@ def stream(count: int, archs: list[str]) -> list[dict]:
             for batch in work[2:]:
                 for kind in times:  # interleaved: each batch once per runner
                     plain = kind == "own count"
-                    with (patch.object(fused, "bucket_rows", lambda n: n) if plain else contextlib.nullcontext()), \
-                            (patch.object(fused_modern, "bucket_rows", lambda n: n) if plain else contextlib.nullcontext()):
+                    with patch.object(onednn, "bucket_rows", lambda n: n) if plain else contextlib.nullcontext():
                         start = time.perf_counter()
                         model(**batch)
                         times[kind].append(time.perf_counter() - start)

@@ -18,6 +18,7 @@ from conftest import perturbed
 
 import bertforge
 from bertforge.errors import ConfigError
+from bertforge.models.padding import bucket_rows
 from bertforge.interop.hf import hf_names
 from bertforge.models import windowed
 from bertforge.models.modernbert import ModernBertConfig
@@ -262,7 +263,7 @@ def test_fused_path_equals_transformers(tmp_path, monkeypatch, options):
         torch.testing.assert_close(fast(ids).last_hidden_state, eager(ids).last_hidden_state, atol=1e-5, rtol=0)
         exact = eager(ids).last_hidden_state
         exact_unpadded = eager(input_ids=ids, attention_mask=mask).last_hidden_state[real]
-        assert fused.bucket_rows(int(real.sum())) != int(real.sum())  # unpadded, the bf16 blocks pad to a bucket
+        assert bucket_rows(int(real.sum())) != int(real.sum())  # unpadded, the bf16 blocks pad to a bucket
         pads = []
         real_pad = fused_modern.pad_rows
         monkeypatch.setattr(fused_modern, "pad_rows", lambda x, rows, dtype=None: pads.append(rows) or real_pad(x, rows, dtype))
@@ -270,7 +271,7 @@ def test_fused_path_equals_transformers(tmp_path, monkeypatch, options):
             assert_bf16_as_close(fast(ids).last_hidden_state, eager(ids).last_hidden_state, exact)
             assert_bf16_as_close(fast(input_ids=ids, attention_mask=mask).last_hidden_state[real],
                                  eager(input_ids=ids, attention_mask=mask).last_hidden_state[real], exact_unpadded)
-        assert pads == [fused.bucket_rows(int(real.sum()))] * (2 * len(fast.layers))  # the stream and the context
+        assert pads == [bucket_rows(int(real.sum()))] * (2 * len(fast.layers))  # the stream and the context
     fast.train(), eager.train()
     out = fast(ids).last_hidden_state
     out.sum().backward()

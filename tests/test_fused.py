@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bertforge import BertModel, Tokenizer
+from bertforge.models.padding import bucket_rows
 from bertforge.inference import fused
 from bertforge.data.batching import collate
 
@@ -139,7 +140,7 @@ def test_unpadded_bf16_blocks_run_their_matmuls_on_bucketed_token_counts(pair, m
     seen = []
     real = fused.pad_rows
     monkeypatch.setattr(fused, "pad_rows", lambda x, rows, dtype=None: seen.append((x.shape[0], rows)) or real(x, rows, dtype))
-    inputs = next(b for k in range(3, 12) if fused.bucket_rows(int((b := batch_of(tok, sst2_sentences(k)))["attention_mask"].sum()))
+    inputs = next(b for k in range(3, 12) if bucket_rows(int((b := batch_of(tok, sst2_sentences(k)))["attention_mask"].sum()))
                   != int(b["attention_mask"].sum()))
     n = int(inputs["attention_mask"].sum())
     assert_same(eager(**inputs).last_hidden_state, fast(**inputs).last_hidden_state)
@@ -147,5 +148,5 @@ def test_unpadded_bf16_blocks_run_their_matmuls_on_bucketed_token_counts(pair, m
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = fast(**inputs).last_hidden_state
         want = eager(**inputs).last_hidden_state
-    assert seen == [(n, fused.bucket_rows(n))] * (2 * len(fast.layers))  # the stream and the context, per block
+    assert seen == [(n, bucket_rows(n))] * (2 * len(fast.layers))  # the stream and the context, per block
     assert got.shape == want.shape and (got.float() - want.float()).abs().max() < 0.1  # as close as eager autocast

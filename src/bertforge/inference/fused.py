@@ -51,9 +51,9 @@ from .. import kernels
 from ..models.bert import BertModel
 from ..models.deberta_v2 import DisentangledAttention
 from ..models.layers import BertLayer, SelfAttention
-from ..models.padding import Packing, bucket_rows, from_sequences, pad_rows, to_sequences, varlen
+from ..models.padding import Packing, from_sequences, pad_rows, to_sequences, varlen
 from .fused_modern import fuse_prenorm_layers
-from .onednn import Packed, PackedBlock, available, matmul_dtype, post_op, residual
+from .onednn import Packed, PackedBlock, available, matmul_dtype, matmul_rows, post_op, residual
 
 __all__ = ["available", "fuse_for_inference"]
 
@@ -95,13 +95,8 @@ class _FusedLayer(PackedBlock):
                 or not self.takes(dtype, mask, packed, attention_args)):
             return self.eager(x, mask, output_attentions, packed, **attention_args)
         w = self.packed(dtype)
-        # Unpadded, the token count changes from batch to batch, and oneDNN compiles its bf16 matmuls
-        # anew for each new count (~1-20 ms each, ~10x the product itself at sentence batches;
-        # benchmarks/onednn_shapes.py): in bf16 the block's matmuls run on the count rounded up to a
-        # bucket (`bucket_rows`), zero rows below the real ones, which attention never reads and the
-        # end of the block drops. Its fp32 products showed no such cost, so fp32 runs as it is.
         n = x.shape[0]
-        rows = bucket_rows(n) if packed is not None and dtype == torch.bfloat16 else n
+        rows = matmul_rows(n, packed is not None, dtype)  # a bucket in bf16, so oneDNN reuses its matmuls
         with torch.autocast("cpu", enabled=False):  # each op below runs in the dtype chosen for it
             stream = pad_rows(x, rows) if rows != n else x
             qkv = w.qkv(stream.to(dtype))  # (..., 3H)

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..models.modernbert import PreNormLayer, rotate
-from ..models.padding import Packing, bucket_rows, from_sequences, pad_rows, to_sequences
-from .onednn import Packed, PackedBlock, matmul_dtype, post_op, residual
+from ..models.padding import Packing, from_sequences, pad_rows, to_sequences
+from .onednn import Packed, PackedBlock, matmul_dtype, matmul_rows, post_op, residual
 
 # A global layer over sequences longer than this runs SDPA instead of the native kernel: the kernel
 # scores each group of queries against all keys, which outgrows the L2 cache; SDPA's tiles do not.
@@ -103,10 +103,8 @@ class FusedPreNormLayer(PackedBlock):
         else:
             starts = packed.cu_seqlens
         cos, sin = (t.reshape(-1, attention.head_dim) for t in rotary[layer.kind])
-        # bf16 on unpadded tokens: the matmuls run on the count rounded up to a bucket, as BERT's fused
-        # blocks do (fused.py), so that oneDNN reuses the products it compiled for earlier batches.
         n = x.shape[0]
-        rows = bucket_rows(n) if packed is not None and dtype == torch.bfloat16 else n
+        rows = matmul_rows(n, packed is not None, dtype)  # a bucket in bf16, so oneDNN reuses its matmuls
         with torch.autocast("cpu", enabled=False):  # each op below runs in the dtype chosen for it
             if rows != n:
                 x = pad_rows(x, rows)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .. import kernels
+from ..models.padding import bucket_rows
 
 _mkldnn = torch.ops.mkldnn
 # Activations oneDNN can fuse into a matmul, by module type: its name and algorithm.
@@ -42,6 +43,15 @@ def matmul_dtype(x: torch.Tensor) -> torch.dtype | None:
     if not torch.is_autocast_enabled("cpu"):
         return torch.float32
     return torch.bfloat16 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
+
+
+def matmul_rows(n: int, unpadded: bool, dtype: torch.dtype) -> int:
+    """How many rows a fused block hands its matmuls for n tokens: in bf16 on unpadded tokens, n rounded
+    up to a bucket (`padding.bucket_rows`; zero rows below the real ones, which attention never reads
+    and the block drops at its end), else n. oneDNN compiles its bf16 matmuls anew for each new row
+    count (~1-20 ms each, ~10x the product at sentence batches; benchmarks/onednn_shapes.py), and an
+    unpadded batch has a new count nearly every time. Its fp32 products showed no such cost."""
+    return bucket_rows(n) if unpadded and dtype == torch.bfloat16 else n
 
 
 class Packed:

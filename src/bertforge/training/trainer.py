@@ -44,7 +44,7 @@ from .checkpoint import (
     save_checkpoint,
     torch_files,
 )
-from .matmul import BucketBF16, MatmulChoice, cache_file
+from .matmul import MATMULS, BucketBF16, MatmulChoice, cache_file
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .precision import autocast_for, resolve
 
@@ -141,7 +141,7 @@ class Trainer:
             self._set_precision(saved_run["precision"], "the precision this run started with")
         if "matmul" not in saved_run:  # checkpoints from before --matmul: every linear ran on torch's BLAS
             saved_run.update(matmul="torch", matmuls={})
-        if self.config.matmul == "auto" and saved_run["matmul"] in ("torch", "onednn", "auto"):
+        if self.config.matmul == "auto" and saved_run["matmul"] in MATMULS:
             # As for precision: `auto` takes what the run started with, and the choices it made, not new timings.
             self.matmuls.restore(saved_run["matmul"], saved_run.get("matmuls") or {})
             self.run_info["matmul"] = saved_run["matmul"]
