@@ -16,12 +16,16 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
 - `buckets` (bf16 only): the training loop's linears under bf16 autocast with their token counts
   rounded up to a bucket (`training/matmul.py`'s `BucketBF16`), so that oneDNN reuses its compiled
   primitives, against autocast's linears on each batch's own count.
+- `tied`: the tied word-embedding matrix's gradient made once (`models/tied.py`: the lookup's rows
+  added in place into the decoder's gradient) against autograd's two dense [V, E] gradients and
+  their sum.
 
-    python -m benchmarks.train_ab --change dropout|attention|loss|buckets [--sizes mini,base] [--steps 8]
+    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|tied [--sizes mini,base] [--steps 8]
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from unittest.mock import patch
 
@@ -30,6 +34,7 @@ import torch.nn.functional as F
 
 from bertforge import Tokenizer
 from bertforge.models import heads, layers
+from bertforge.models.tied import TiedEmbedding
 from bertforge.training.matmul import BucketBF16
 
 from .common import machine, minilm_dir, save
@@ -50,7 +55,23 @@ CHANGES = {
              lambda: patch.object(heads, "cross_entropy", lambda logits, t: F.cross_entropy(logits.float(), t)),
              "native cross-entropy", None, PRECISIONS),
     "buckets": ("buckets_ab", "autocast's linears", None, "bucketed token counts", BucketBF16, ("bf16",)),
+    "tied": ("tied_ab", "two dense gradients", lambda: patch.object(TiedEmbedding, "_tracked", lambda self: False),
+             "one gradient matrix", None, PRECISIONS),
 }
+
+
+def along(*factories):
+    """One context-manager factory entering each of `factories` (None ones skipped), or None if none is left."""
+    factories = [f for f in factories if f is not None]
+    if not factories:
+        return None
+
+    def enter_all():
+        stack = contextlib.ExitStack()
+        for factory in factories:
+            stack.enter_context(factory())
+        return stack
+    return enter_all
 
 
 def measure(change: str, sizes: list[str], steps: int, warmup: int = 2) -> dict:
@@ -63,7 +84,10 @@ def measure(change: str, sizes: list[str], steps: int, warmup: int = 2) -> dict:
     for size in sizes:
         ours, _ = paired_models(size, tokenizer)
         optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True)
-        runners = {before: (ours, optimizer, without), after: (ours, optimizer, with_it)}
+        # Both runners step as the training loop does (bf16 linears on bucketed token counts; nothing in
+        # fp32), except in the `buckets` comparison itself.
+        loop = None if change == "buckets" else BucketBF16
+        runners = {before: (ours, optimizer, along(without, loop)), after: (ours, optimizer, along(with_it, loop))}
         for precision in precisions:
             rates = interleaved_rates(runners, batches, precision, warmup)
             row = {"size": size, "precision": precision, **{f"{k} tokens/s": round(v) for k, v in rates.items()},

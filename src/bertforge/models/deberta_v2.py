@@ -49,6 +49,7 @@ from .heads import (BertForMaskedLM, BertForQuestionAnswering, BertForSequenceCl
                     BertForTokenClassification)
 from .layers import BertLayer, Dropout, activation
 from .padding import Packing, from_sequences, to_sequences, varlen
+from .tied import TiedEmbedding
 
 POSITION_TERMS = ("c2p", "p2c")
 
@@ -295,7 +296,7 @@ class DebertaEmbeddings(nn.Module):
     def __init__(self, config: DebertaV2Config) -> None:
         super().__init__()
         E, H = config.embedding_width, config.hidden_size
-        self.word = nn.Embedding(config.vocab_size, E, padding_idx=config.pad_token_id)
+        self.word = TiedEmbedding(config.vocab_size, E, padding_idx=config.pad_token_id)
         self.position = nn.Embedding(config.max_position_embeddings, E) if config.position_biased_input else None
         self.segment = nn.Embedding(config.type_vocab_size, E) if config.type_vocab_size else None
         self.project = nn.Linear(E, H, bias=False) if E != H else None

@@ -173,7 +173,7 @@ class BertForPreTraining(HeadModel):
         or [S] with one per example when rows are packed (see `BertModel.forward`)."""
         out = self.backbone(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                             output_hidden_states=output_hidden_states)
-        mlm_logits, mlm_loss = self.mlm.predict(out.last_hidden_state, self.backbone.embeddings.word.weight, labels)
+        mlm_logits, mlm_loss = self.mlm.predict(out.last_hidden_state, self.backbone.embeddings.word.decoder_weight(), labels)
         nsp_logits = self.nsp(out.pooler_output)  # (B, 2), or (S, 2) packed
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label) if next_sentence_label is not None else None
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
@@ -202,7 +202,7 @@ class BertForMaskedLM(HeadModel):
         """Logits float [B, T, V], or [N, V] at the N labelled positions when labels are given."""
         out = self.backbone(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                             output_hidden_states=output_hidden_states)
-        logits, loss = self.mlm.predict(out.last_hidden_state, self.backbone.embeddings.word.weight, labels)
+        logits, loss = self.mlm.predict(out.last_hidden_state, self.backbone.embeddings.word.decoder_weight(), labels)
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 

@@ -20,6 +20,7 @@ from ..kernels import attention as training_attention
 from ..kernels.dropout import dropout
 from .config import HIDDEN_ACT, BertConfig
 from .padding import Packing, from_sequences, to_sequences, varlen
+from .tied import TiedEmbedding
 
 
 def activation(name: str) -> nn.Module:
@@ -56,7 +57,7 @@ class Embeddings(nn.Module):
     def __init__(self, config: BertConfig, position_padding_idx: int | None = None) -> None:
         super().__init__()
         E = config.embedding_width  # the hidden size, or ALBERT's and ELECTRA's narrower embedding_size
-        self.word = nn.Embedding(config.vocab_size, E, padding_idx=config.pad_token_id)
+        self.word = TiedEmbedding(config.vocab_size, E, padding_idx=config.pad_token_id)  # a tied decoder shares it
         self.position = nn.Embedding(config.max_position_embeddings, E, padding_idx=position_padding_idx)
         # DistilBERT has no segment embeddings (type_vocab_size 0): token_type_ids are then ignored.
         self.segment = nn.Embedding(config.type_vocab_size, E) if config.type_vocab_size else None

@@ -48,6 +48,7 @@ from .heads import (
 )
 from .layers import Dropout, activation, scaled_attention
 from .padding import Packing, example_starts, from_sequences, to_sequences
+from .tied import TiedEmbedding
 from .windowed import band_mask, windowed_attention
 
 LAYER_KINDS = ("full_attention", "sliding_attention")
@@ -338,7 +339,7 @@ class ModernEmbeddings(nn.Module):
 
     def __init__(self, config: ModernBertConfig) -> None:
         super().__init__()
-        self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.word = TiedEmbedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.norm = layer_norm(config)
         self.dropout = Dropout(config.embedding_dropout)
 
