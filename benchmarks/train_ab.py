@@ -16,11 +16,13 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
 - `buckets` (bf16 only): the training loop's linears under bf16 autocast with their token counts
   rounded up to a bucket (`training/matmul.py`'s `BucketBF16`), so that oneDNN reuses its compiled
   primitives, against autocast's linears on each batch's own count.
+- `ffn` (bf16 only): bucketed feed-forward blocks kept padded from their first linear to their second
+  (the activation runs on the padded rows) against padding the activation again for the second.
 - `tied`: the tied word-embedding matrix's gradient made once (`models/tied.py`: the lookup's rows
   added in place into the decoder's gradient) against autograd's two dense [V, E] gradients and
   their sum.
 
-    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|tied [--sizes mini,base] [--steps 8]
+    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|ffn|tied [--sizes mini,base] [--steps 8]
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 from bertforge import Tokenizer
 from bertforge.models import heads, layers
 from bertforge.models.tied import TiedEmbedding
+from bertforge.training import matmul
 from bertforge.training.matmul import BucketBF16
 
 from .common import machine, minilm_dir, save
@@ -55,6 +58,8 @@ CHANGES = {
              lambda: patch.object(heads, "cross_entropy", lambda logits, t: F.cross_entropy(logits.float(), t)),
              "native cross-entropy", None, PRECISIONS),
     "buckets": ("buckets_ab", "autocast's linears", None, "bucketed token counts", BucketBF16, ("bf16",)),
+    "ffn": ("ffn_ab", "activation padded again", lambda: patch.object(matmul, "_ROWWISE", ()),
+            "feed-forward kept padded", None, ("bf16",)),
     "tied": ("tied_ab", "two dense gradients", lambda: patch.object(TiedEmbedding, "_tracked", lambda self: False),
              "one gradient matrix", None, PRECISIONS),
 }

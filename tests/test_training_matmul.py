@@ -243,6 +243,30 @@ def test_bucketing_pads_each_input_once_and_leaves_the_output_writable(monkeypat
     assert x.grad.dtype == torch.float32 and x.grad.shape == x.shape
 
 
+@pytest.mark.parametrize("act", [torch.nn.GELU(), torch.nn.ReLU(), torch.nn.SiLU()])
+def test_a_feed_forward_stays_padded_from_one_linear_to_the_next(monkeypatch, act):
+    padded = []
+    real = matmul._PadRows.forward
+    monkeypatch.setattr(matmul._PadRows, "forward", staticmethod(lambda ctx, x, rows: padded.append((x.shape[0], rows)) or real(ctx, x, rows)))
+    torch.manual_seed(0)
+    up, down = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+    up.bias.data += 3.0  # the padding rows then hold act(bias), far from zero: they must still add nothing
+    x, g = torch.randn(37, 16), torch.randn(37, 16)
+
+    def run(mode):
+        inp = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16), mode():
+            h = act(up(inp))
+            out = down(h) + h[:, :16]  # the activation's slice also used as itself
+        return (out, *torch.autograd.grad(out, (inp, up.weight, up.bias, down.weight, down.bias), g))
+
+    want, got = run(contextlib.nullcontext), run(BucketBF16)
+    assert padded == [(37, 40)]  # the input only: the activation reaches `down` already padded
+    assert got[0].shape == want[0].shape
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)  # bf16 rounding at most
+
+
 def test_outside_bf16_autocast_the_bucketing_does_nothing(monkeypatch):
     monkeypatch.setattr(matmul._PadRows, "apply", never)
     lin = torch.nn.Linear(8, 4)

@@ -246,6 +246,10 @@ class _PadRows(torch.autograd.Function):
         return grad[:ctx.n], None
 
 
+# Activations whose output row depends on that row alone, so they may run on padded rows too.
+_ROWWISE = (F.gelu, F.relu, F.silu)
+
+
 class BucketBF16(TorchFunctionMode):
     """Around a bf16-autocast training step on the CPU: the linears see bucketed token counts.
 
@@ -258,6 +262,13 @@ class BucketBF16(TorchFunctionMode):
     gradients see the bucketed shape, which recurs, so oneDNN's primitive cache serves them. The
     zero rows contribute exact zeros to the weight's gradient and receive no gradient. One padded
     copy is made per input tensor (query, key and value share theirs), cast to bf16 in the same pass.
+
+    A feed-forward block stays padded from its first linear to its second: a row-wise activation
+    (GELU, ReLU, SiLU) of a sliced linear output runs on the whole padded output, and a linear of
+    that activation's slice takes the padded tensor itself. The padding rows then hold the
+    activation of the bias, not zeros; they are finite, the gradient they receive from the sliced
+    output is zero, so they still add exact zeros to the weight's gradient. That saves padding the
+    widest activation again ([N, 4H]) and zero-filling its gradient's padding in the backward pass.
     """
 
     def __init__(self) -> None:
@@ -265,18 +276,36 @@ class BucketBF16(TorchFunctionMode):
         # The last input padded, and its copy: query, key and value come one after another with the
         # same input. Only the last is kept, so no activation outlives its use for longer than that.
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
+        # The last two slices handed out, each with the padded tensor it is the first rows of.
+        self._sliced: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def _padded(self, x: torch.Tensor) -> torch.Tensor | None:
+        return next((full for view, full in self._sliced if view is x), None)
+
+    def _slice(self, full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """full [rows, C] -> its first rows, shaped as `like` with C last; remembered as full's slice."""
+        n = like.numel() // like.shape[-1]
+        out = full[:n].view(*like.shape[:-1], full.shape[-1])
+        self._sliced = [*self._sliced[-1:], (out, full)]
+        return out
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear and _bf16_autocast_on_cpu():
             x = args[0]
+            full = self._padded(x)
+            if full is not None:  # the slice of a padded activation: take the padded tensor itself
+                return self._slice(func(full, *args[1:], **kwargs), x)
             n = x.numel() // x.shape[-1] if x.dim() >= 2 else 0
             if (n and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
                     and bucket_rows(n) != n):
                 if self._last is None or self._last[0] is not x:
                     self._last = (x, _PadRows.apply(x.reshape(n, x.shape[-1]), bucket_rows(n)))
-                out = func(self._last[1], *args[1:], **kwargs)[:n]
-                return out.view(*x.shape[:-1], out.shape[-1])
+                return self._slice(func(self._last[1], *args[1:], **kwargs), x)
+        elif func in _ROWWISE and args and isinstance(args[0], torch.Tensor):
+            full = self._padded(args[0])
+            if full is not None:
+                return self._slice(func(full, *args[1:], **kwargs), args[0])
         return func(*args, **kwargs)
 
 
