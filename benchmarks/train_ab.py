@@ -22,7 +22,9 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
   added in place into the decoder's gradient) against autograd's two dense [V, E] gradients and
   their sum.
 
-    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|ffn|tied [--sizes mini,base] [--steps 8]
+Several changes joined by commas (`--change tied,ffn`) are measured together: all off against all on.
+
+    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|ffn|tied[,...] [--sizes mini,base] [--steps 8]
 """
 
 from __future__ import annotations
@@ -79,8 +81,19 @@ def along(*factories):
     return enter_all
 
 
+def combined(names: list[str]) -> tuple:
+    """Several changes measured together, as one CHANGES entry: all of them off against all on (each
+    must be on by default), in the precisions they share."""
+    entries = [CHANGES[name] for name in names]
+    if any(entry[4] is not None for entry in entries):
+        raise SystemExit("train_ab: a change that is off by default (buckets) is measured alone")
+    precisions = tuple(p for p in PRECISIONS if all(p in entry[5] for entry in entries))
+    return ("_".join(names) + "_ab", "without " + ", ".join(names), along(*(entry[2] for entry in entries)),
+            "with " + ", ".join(names), None, precisions)
+
+
 def measure(change: str, sizes: list[str], steps: int, warmup: int = 2) -> dict:
-    _, before, without, after, with_it, precisions = CHANGES[change]
+    _, before, without, after, with_it, precisions = CHANGES[change] if change in CHANGES else combined(change.split(","))
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
     batches = masked_batches(tokenizer, warmup + steps)
     result = {"machine": machine(), "batch_size": 16, "seq_len": 128, "torch": torch.__version__,
@@ -104,9 +117,15 @@ def measure(change: str, sizes: list[str], steps: int, warmup: int = 2) -> dict:
 
 def main() -> None:
     parser = sizes_and_steps(__doc__, steps=8)
-    parser.add_argument("--change", choices=sorted(CHANGES), required=True, help="which kernel to measure")
+    parser.add_argument("--change", required=True,
+                        help=f"which change to measure: one of {', '.join(sorted(CHANGES))}, or several joined by commas "
+                             "(all off against all on)")
     args = parser.parse_args()
-    print("saved", save(CHANGES[args.change][0], measure(args.change, args.sizes.split(","), args.steps)))
+    names = args.change.split(",")
+    if any(name not in CHANGES for name in names):
+        parser.error(f"--change: choose from {', '.join(sorted(CHANGES))}")
+    name = CHANGES[args.change][0] if args.change in CHANGES else combined(names)[0]
+    print("saved", save(name, measure(args.change, args.sizes.split(","), args.steps)))
 
 
 if __name__ == "__main__":
