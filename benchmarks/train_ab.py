@@ -18,13 +18,15 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
   primitives, against autocast's linears on each batch's own count.
 - `ffn` (bf16 only): bucketed feed-forward blocks kept padded from their first linear to their second
   (the activation runs on the padded rows) against padding the activation again for the second.
+- `norm`: a post-LN block's residual add and LayerNorm on the native training kernel
+  (`kernels/residual_norm.cpp`, one pass each way) against torch's add and LayerNorm.
 - `tied`: the tied word-embedding matrix's gradient made once (`models/tied.py`: the lookup's rows
   added in place into the decoder's gradient) against autograd's two dense [V, E] gradients and
   their sum.
 
 Several changes joined by commas (`--change tied,ffn`) are measured together: all off against all on.
 
-    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|ffn|tied[,...] [--sizes mini,base] [--steps 8]
+    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|ffn|norm|tied[,...] [--sizes mini,base] [--steps 8]
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import Tokenizer
+from bertforge.kernels import residual_norm
 from bertforge.models import heads, layers
 from bertforge.models.tied import TiedEmbedding
 from bertforge.training import matmul
@@ -62,6 +65,8 @@ CHANGES = {
     "buckets": ("buckets_ab", "autocast's linears", None, "bucketed token counts", BucketBF16, ("bf16",)),
     "ffn": ("ffn_ab", "activation padded again", lambda: patch.object(matmul, "_ROWWISE", ()),
             "feed-forward kept padded", None, ("bf16",)),
+    "norm": ("norm_ab", "torch's add and LayerNorm", lambda: patch.object(residual_norm, "_native", lambda *a: None),
+             "residual LayerNorm kernel", None, PRECISIONS),
     "tied": ("tied_ab", "two dense gradients", lambda: patch.object(TiedEmbedding, "_tracked", lambda self: False),
              "one gradient matrix", None, PRECISIONS),
 }

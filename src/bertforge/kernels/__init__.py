@@ -1,6 +1,6 @@
 """Native CPU kernels, compiled from the C++ beside this file the first time they are needed.
 
-Seven kernels, built together into one library (`simd.h` holds what they share, and
+Eight kernels, built together into one library (`simd.h` holds what they share, and
 `attention_blocks.h` what the two inference attentions share):
 - `varlen_attention`: attention straight on the unpadded tokens of the fused encoder, for
   inference, with ModernBERT's rotary positions and local window as options (see
@@ -18,12 +18,14 @@ Seven kernels, built together into one library (`simd.h` holds what they share, 
 - `rotary`: ModernBERT's rotary positions applied to a fused QKV's q and k in one pass, for the
   global layers the fused blocks hand to SDPA (`rotary.cpp`);
 - `cross_entropy`: the masked-LM loss over the vocabulary without torch's [M, V] float32
-  intermediates (`cross_entropy.cpp`; the autograd wrapper is `kernels.cross_entropy`).
+  intermediates (`cross_entropy.cpp`; the autograd wrapper is `kernels.cross_entropy`);
+- `residual_layer_norm`: a post-LN block's residual add and LayerNorm for training, forward and
+  backward in one pass each (`residual_norm.cpp`; the autograd wrapper is `kernels.residual_norm`).
 
 They are built with PyTorch's own extension
 tooling (`torch.utils.cpp_extension.load`: a C++ compiler and ninja), once per machine, into
 PyTorch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions);
-about 35 s on a 2-core machine (seven sources, 2026-11-26), then a load of a few milliseconds.
+about 35-55 s on a 2-core machine (eight sources, 2026-11-26), then a load of a few milliseconds.
 
 Where they cannot be built (no compiler) bertforge says so once and runs them in PyTorch ops
 instead: inference attention and the loss give the same numbers within float rounding (attention
@@ -53,7 +55,7 @@ log = logging.getLogger(__name__)
 SWITCH = "BERTFORGE_NATIVE_KERNELS"
 _SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "disentangled_attention.cpp",
                                                      "attention_train.cpp", "dropout.cpp", "cross_entropy.cpp",
-                                                     "layer_norm.cpp", "rotary.cpp")]
+                                                     "layer_norm.cpp", "rotary.cpp", "residual_norm.cpp")]
 _HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "attention_blocks.h")]
 # -fopenmp: at::parallel_for is inline and, in OpenMP builds of torch, an `omp parallel` region;
 # without the flag it runs on one thread. No OpenMP library is linked: the symbols resolve to the
@@ -173,6 +175,19 @@ def add_layer_norm_bf16() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | 
     (x = stream + y float32 [N, H], LayerNorm(x) rounded to bf16 [N, H]).
     """
     return torch.ops.bertforge.add_layer_norm_bf16 if library() else None
+
+
+def residual_layer_norm() -> tuple[Callable, Callable] | None:
+    """The training ops of a post-LN block's residual add and LayerNorm (residual_norm.cpp), built or
+    loaded on first call; None where they cannot be had.
+
+    forward (x float32 [N, H], y float32 or bfloat16 [N, H], weight, bias float32 [H], eps) ->
+    (LayerNorm(x + y) float32 [N, H], x + y, mean [N], rstd [N]); backward (grad float32 [N, H], x + y,
+    mean, rstd, weight, y_bf16) -> (dx float32 [N, H], dy bfloat16 [N, H] or empty, dweight, dbias).
+    """
+    if not library():
+        return None
+    return torch.ops.bertforge.residual_layer_norm, torch.ops.bertforge.residual_layer_norm_backward
 
 
 def hashed_dropout() -> Callable[[torch.Tensor, int, int, float], torch.Tensor] | None:

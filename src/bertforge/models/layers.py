@@ -18,6 +18,7 @@ from torch import nn
 
 from ..kernels import attention as training_attention
 from ..kernels.dropout import dropout
+from ..kernels.residual_norm import residual_layer_norm
 from .config import HIDDEN_ACT, BertConfig
 from .padding import Packing, from_sequences, to_sequences, varlen
 from .tied import TiedEmbedding
@@ -184,8 +185,9 @@ class BertLayer(nn.Module):
                 packed: Packing | None = None, **attention_args) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: float [B, T, H] (or [N, H] packed) -> (the same shape, attention probabilities or None)."""
         attended, probs = self.attention(x, mask, output_attentions, packed, **attention_args)
-        x = self.attention_norm(x + self.dropout(attended))
-        x = self.ffn_norm(x + self.dropout(self.ffn(x)))
+        # norm(x + y), in one pass each way when training on the CPU (kernels/residual_norm.py)
+        x = residual_layer_norm(self.attention_norm, x, self.dropout(attended))
+        x = residual_layer_norm(self.ffn_norm, x, self.dropout(self.ffn(x)))
         return x, probs
 
 
