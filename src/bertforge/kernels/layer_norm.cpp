@@ -30,19 +30,8 @@ using namespace bertforge_simd;
 
 void normalise_row(const float* x, const float* w, const float* b, int64_t H, double eps, c10::BFloat16* y) {
   const int64_t full = H / W * W;
-  vf acc = {};
-  for (int64_t c = 0; c < full; c += W) acc += load(x + c);
-  float sum = hsum(acc);
-  for (int64_t c = full; c < H; ++c) sum += x[c];
-  const float mean = sum / static_cast<float>(H);
-  acc = vf{};
-  for (int64_t c = 0; c < full; c += W) {
-    const vf t = load(x + c) - mean;
-    acc += t * t;
-  }
-  float squares = hsum(acc);
-  for (int64_t c = full; c < H; ++c) squares += (x[c] - mean) * (x[c] - mean);
-  const float rstd = 1.0f / std::sqrt(squares / static_cast<float>(H) + static_cast<float>(eps));
+  float mean, rstd;
+  row_moments(x, H, static_cast<float>(eps), &mean, &rstd);
   for (int64_t c = 0; c < full; c += W) {
     vf t = (load(x + c) - mean) * rstd;
     if (w != nullptr) t *= load(w + c);

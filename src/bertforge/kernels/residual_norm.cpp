@@ -35,26 +35,10 @@ template <typename T>
 void forward_row(const float* x, const T* y, const float* w, const float* b, int64_t H, float eps, float* s,
                  float* out, float* mean_out, float* rstd_out) {
   const int64_t full = H / W * W;
-  vf acc = {};
-  for (int64_t c = 0; c < full; c += W) {
-    const vf t = load(x + c) + Io<T>::load(y + c);
-    store(s + c, t);
-    acc += t;
-  }
-  float sum = hsum(acc);
-  for (int64_t c = full; c < H; ++c) {
-    s[c] = x[c] + static_cast<float>(y[c]);
-    sum += s[c];
-  }
-  const float mean = sum / static_cast<float>(H);
-  acc = vf{};
-  for (int64_t c = 0; c < full; c += W) {
-    const vf t = load(s + c) - mean;
-    acc += t * t;
-  }
-  float squares = hsum(acc);
-  for (int64_t c = full; c < H; ++c) squares += (s[c] - mean) * (s[c] - mean);
-  const float rstd = 1.0f / std::sqrt(squares / static_cast<float>(H) + eps);
+  for (int64_t c = 0; c < full; c += W) store(s + c, load(x + c) + Io<T>::load(y + c));
+  for (int64_t c = full; c < H; ++c) s[c] = x[c] + static_cast<float>(y[c]);
+  float mean, rstd;
+  row_moments(s, H, eps, &mean, &rstd);  // the row is still in cache
   for (int64_t c = 0; c < full; c += W) store(out + c, (load(s + c) - mean) * rstd * load(w + c) + load(b + c));
   for (int64_t c = full; c < H; ++c) out[c] = (s[c] - mean) * rstd * w[c] + b[c];
   *mean_out = mean;

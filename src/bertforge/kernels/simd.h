@@ -95,6 +95,27 @@ inline float hsum(vf v) {
   return v[0];
 }
 
+// Mean and 1 / sqrt(variance + eps) of a row of H floats, in two passes (the mean first, so the
+// variance sums the squares of differences, not of the raw values): what each LayerNorm kernel
+// normalises a row by (layer_norm.cpp, residual_norm.cpp).
+inline void row_moments(const float* x, int64_t H, float eps, float* mean, float* rstd) {
+  const int64_t full = H / W * W;
+  vf acc = {};
+  for (int64_t c = 0; c < full; c += W) acc += load(x + c);
+  float sum = hsum(acc);
+  for (int64_t c = full; c < H; ++c) sum += x[c];
+  const float m = sum / static_cast<float>(H);
+  acc = vf{};
+  for (int64_t c = 0; c < full; c += W) {
+    const vf t = load(x + c) - m;
+    acc += t * t;
+  }
+  float squares = hsum(acc);
+  for (int64_t c = full; c < H; ++c) squares += (x[c] - m) * (x[c] - m);
+  *mean = m;
+  *rstd = 1.0f / __builtin_sqrtf(squares / static_cast<float>(H) + eps);
+}
+
 // The dropout hash (dropout.cpp says why this one): two rounds of a 32-bit xor-shift-multiply
 // mixer keyed by the halves of a 64-bit key. Element `index` is kept when the hash is at least
 // `threshold` = round(p * 2^32); kernels/dropout.py computes the same bits in torch ops.
