@@ -13,8 +13,8 @@ the decoder's. The decoder's backward keeps its gradient only when autograd says
 backward will run in the same call (`_will_engine_execute_node`); otherwise it passes it on as
 usual. When no decoder gradient was left (an untied model, a backward that never reaches the
 decoder) the lookup builds its dense gradient as torch does. So W's gradient is the same sum,
-whatever the graph. Outside eager autograd
-(no grad, torch.compile, export) both uses are plain `nn.Embedding` and `weight`.
+whatever the graph. Outside eager autograd (no grad, torch.compile, export) both uses are plain
+`nn.Embedding` and `weight`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ class _DecoderUse(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         pending, task = ctx.pending, torch._C._current_graph_task_id()
         node = pending.node() if pending.node is not None else None
-        if grad.layout != torch.strided or node is None or not torch._C._will_engine_execute_node(node):
+        # The rows are added in place, so only into a plain dense gradient (never an expanded one).
+        if (grad.layout != torch.strided or not grad.is_contiguous() or node is None
+                or not torch._C._will_engine_execute_node(node)):
             return grad, None
         if pending.task == task and pending.grad is not None:  # a second decoder use of the same lookup
             pending.grad = pending.grad + grad
@@ -81,8 +83,6 @@ class _Lookup(torch.autograd.Function):
         pending.grad = None
         if dense is None:  # no decoder gradient left for this call: torch's own dense gradient
             dense = torch.zeros(ctx.weight_shape, dtype=ctx.weight_dtype, device=rows.device)
-        elif dense.dtype != ctx.weight_dtype:
-            dense = dense.to(ctx.weight_dtype)
         return None, dense.index_add_(0, flat_ids, rows), None, None
 
 
@@ -108,7 +108,10 @@ class TiedEmbedding(nn.Embedding):
         return out
 
     def decoder_weight(self) -> torch.Tensor:
-        """The [V, E] matrix for a tied decoder: `weight` itself, whose gradient the last lookup adds into."""
+        """The [V, E] matrix for a tied decoder: `weight` itself, whose gradient the last lookup adds into.
+
+        It must go straight into the decoder's product (F.linear, or autocast's cast before it): the
+        lookup adds into the gradient that product returns, in place, which is the decoder's own."""
         if not self._tracked():
             return self.weight
         return _DecoderUse.apply(self.weight, self._pending)
