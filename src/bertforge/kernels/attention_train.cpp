@@ -28,15 +28,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
-#include "bf16_dots.h"
 #include "simd.h"
 
 namespace {
@@ -159,8 +156,6 @@ struct Dropout {
   bool on() const { return threshold != 0; }
 };
 
-inline vi kept_lanes(uint32_t start, const Dropout& drop) { return kept(start, drop.k0, drop.k1, drop.threshold); }
-
 // Where each (sequence, head) task's tokens and probabilities are.
 struct Task {
   int64_t base, L;       // its first token and its length
@@ -171,69 +166,8 @@ struct Task {
 // Per-thread scratch, sized for the longest sequence.
 struct Scratch {
   std::vector<float> a, b, c, d, e, f, g;
-  std::vector<word> wa, wb, wc;  // bf16 pairs, for the dot-product path only
-  Scratch(int64_t d_, int64_t Lp, bool dots)
-      : a(Lp * d_), b(Lp * d_), c(Lp * d_), d(Lp * d_), e(Lp * Lp), f(Lp * Lp), g(Lp),
-        wa(dots ? Lp * d_ / 2 : 0), wb(dots ? Lp * d_ / 2 : 0), wc(dots ? Lp * Lp / 2 : 0) {}
+  Scratch(int64_t d_, int64_t Lp) : a(Lp * d_), b(Lp * d_), c(Lp * d_), d(Lp * d_), e(Lp * Lp), f(Lp * Lp), g(Lp) {}
 };
-
-// Softmax of each of the L score rows p [L, Lp] in place (keys past L take no weight); P is
-// copied out to `kept` [L, L] for the backward pass, then the dropout mask and scale are applied
-// to the rows in p, which the product with v reads next.
-void softmax_keeping(float* p, int64_t L, int64_t Lp, float* kept, uint32_t first, const Dropout& drop) {
-  const vi last_live = lanes() < vu{} + static_cast<uint32_t>(L - (Lp - W));
-  const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < L; ++i) {
-    float* row = p + i * Lp;
-    store(row + Lp - W, last_live ? load(row + Lp - W) : neg_inf);
-    vf m = load(row);
-    for (int64_t b = W; b < Lp; b += W) { const vf x = load(row + b); m = x > m ? x : m; }
-    const vf mx = splat(hmax(m));
-    vf sum = {};
-    for (int64_t b = 0; b < Lp; b += W) {
-      const vf e = exp_nonpositive(load(row + b) - mx);
-      store(row + b, e);
-      sum += e;
-    }
-    const float inv = 1.0f / hsum(sum);
-    for (int64_t b = 0; b < Lp; b += W) store(row + b, load(row + b) * inv);
-    std::memcpy(kept + i * L, row, L * sizeof(float));  // P for the backward pass, no padding
-    if (drop.on())
-      for (int64_t b = 0; b < Lp; b += W) {
-        const vi keep = kept_lanes(first + static_cast<uint32_t>(i * L + b), drop);
-        store(row + b, keep ? load(row + b) * drop.scale : vf{});
-      }
-  }
-}
-
-// From g = dPd [L, Lp] (dout v^T) and the kept P [L, L]: pd = P * keep * c (what multiplied v)
-// and, in place of g, dS = scale * P * (dP - rowsum(dP * P)) with dP = dPd * keep * c; both zero
-// past column L. `prow` is scratch for one row.
-void softmax_gradient(float* g, float* pd, float* prow, const float* kept, int64_t L, int64_t Lp, uint32_t first,
-                      float scale, const Dropout& drop) {
-  for (int64_t i = 0; i < L; ++i) {
-    std::memcpy(prow, kept + i * L, L * sizeof(float));
-    std::fill(prow + L, prow + Lp, 0.0f);  // no probability, so no gradient, past the end
-    float* gi = g + i * Lp;
-    float* pdi = pd + i * Lp;
-    vf dot = {};
-    for (int64_t b = 0; b < Lp; b += W) {
-      const vf pv = load(prow + b);
-      vf dp = load(gi + b);
-      if (drop.on()) {
-        const vi keep = kept_lanes(first + static_cast<uint32_t>(i * L + b), drop);
-        store(pdi + b, keep ? pv * drop.scale : vf{});
-        dp = keep ? dp * drop.scale : vf{};
-      } else {
-        store(pdi + b, pv);
-      }
-      store(gi + b, dp);
-      dot += dp * pv;
-    }
-    const vf rowdot = splat(hsum(dot));
-    for (int64_t b = 0; b < Lp; b += W) store(gi + b, load(prow + b) * (load(gi + b) - rowdot) * scale);
-  }
-}
 
 template <typename T, int C>
 void forward_task(const T* q, const T* k, const T* v, T* out, float* probs, const Task& t, int64_t H,
@@ -245,7 +179,30 @@ void forward_task(const T* q, const T* k, const T* v, T* out, float* probs, cons
   gather_columns<T, C>(k, t.base, L, Lp, t.h, H, kT);
   gather_rows<T, C>(v, t.base, L, t.h, H, 1.0f, vf_);
   rows_by_columns<C>(qf, kT, L, Lp, p);
-  softmax_keeping(p, L, Lp, probs + t.first, t.first, drop);
+  const vi last_live = lanes() < vu{} + static_cast<uint32_t>(L - (Lp - W));
+  const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
+  float* kept_probs = probs + t.first;
+  for (int64_t i = 0; i < L; ++i) {
+    float* row = p + i * Lp;
+    store(row + Lp - W, last_live ? load(row + Lp - W) : neg_inf);  // keys past the end take no weight
+    vf m = load(row);
+    for (int64_t b = W; b < Lp; b += W) { const vf x = load(row + b); m = x > m ? x : m; }
+    const vf mx = splat(hmax(m));
+    vf sum = {};
+    for (int64_t b = 0; b < Lp; b += W) {
+      const vf e = exp_nonpositive(load(row + b) - mx);
+      store(row + b, e);
+      sum += e;
+    }
+    const float inv = 1.0f / hsum(sum);
+    for (int64_t b = 0; b < Lp; b += W) store(row + b, load(row + b) * inv);
+    std::memcpy(kept_probs + i * L, row, L * sizeof(float));  // P for the backward pass, no padding
+    if (drop.on())
+      for (int64_t b = 0; b < Lp; b += W) {
+        const vi keep = kept(t.first + static_cast<uint32_t>(i * L + b), drop.k0, drop.k1, drop.threshold);
+        store(row + b, keep ? load(row + b) * drop.scale : vf{});
+      }
+  }
   weights_by_rows<C>(p, vf_, L, Lp, of);
   scatter_rows<T, C>(of, t.base, L, t.h, H, out);
 }
@@ -259,7 +216,29 @@ void backward_task(const T* grad, const T* q, const T* k, const T* v, const floa
   gather_rows<T, C>(grad, t.base, L, t.h, H, 1.0f, gf);
   gather_columns<T, C>(v, t.base, L, Lp, t.h, H, vT);
   rows_by_columns<C>(gf, vT, L, Lp, ds);  // dPd = dout v^T
-  softmax_gradient(ds, pd, prow, probs + t.first, L, Lp, t.first, scale, drop);
+  const float* kept_probs = probs + t.first;
+  for (int64_t i = 0; i < L; ++i) {
+    std::memcpy(prow, kept_probs + i * L, L * sizeof(float));
+    std::fill(prow + L, prow + Lp, 0.0f);  // no probability, so no gradient, past the end
+    float* g = ds + i * Lp;
+    float* pdi = pd + i * Lp;
+    vf dot = {};
+    for (int64_t b = 0; b < Lp; b += W) {
+      const vf pv = load(prow + b);
+      vf dp = load(g + b);
+      if (drop.on()) {
+        const vi keep = kept(t.first + static_cast<uint32_t>(i * L + b), drop.k0, drop.k1, drop.threshold);
+        store(pdi + b, keep ? pv * drop.scale : vf{});
+        dp = keep ? dp * drop.scale : vf{};
+      } else {
+        store(pdi + b, pv);
+      }
+      store(g + b, dp);
+      dot += dp * pv;
+    }
+    const vf rowdot = splat(hsum(dot));
+    for (int64_t b = 0; b < Lp; b += W) store(g + b, load(prow + b) * (load(g + b) - rowdot) * scale);
+  }
   transposed_weights_by_rows<C>(pd, gf, L, Lp, rows_a);  // dv = Pd^T dout
   scatter_rows<T, C>(rows_a, t.base, L, t.h, H, dv);
   gather_rows<T, C>(k, t.base, L, t.h, H, 1.0f, rows_b);
@@ -269,61 +248,6 @@ void backward_task(const T* grad, const T* q, const T* k, const T* v, const floa
   transposed_weights_by_rows<C>(ds, rows_b, L, Lp, rows_a);  // dk = dS^T q
   scatter_rows<T, C>(rows_a, t.base, L, t.h, H, dk);
 }
-
-using BF16 = c10::BFloat16;
-
-// Whether bf16 inputs take the bf16 dot products (bf16_dots.h): on where the CPU has them, unless
-// switched off (`attention_bf16_dots(0)`, for comparing the two paths in one process).
-std::atomic<bool> dots_wanted{true};
-
-bool use_dots() { return dots_wanted.load(std::memory_order_relaxed) && bf16_dots_supported(); }
-
-#ifdef BERTFORGE_BF16_DOTS
-// forward_task for bf16 q, k, v with bf16 dot products: the same steps, but q k^T and P v multiply
-// bfloat16 pairs into float32 sums (P rounded to bf16 for its product with v, as autocast's
-// matmuls would round it), and the scale multiplies the scores rather than q.
-template <int C>
-BF16_DOTS_TARGET void forward_task_dots(const BF16* q, const BF16* k, const BF16* v, BF16* out, float* probs,
-                                        const Task& t, int64_t H, float scale, const Dropout& drop, Scratch& s) {
-  constexpr int d = C * W;
-  const int64_t L = t.L, Lp = (L + W - 1) / W * W, pairs = (L + 1) / 2;
-  float *of = s.d.data(), *p = s.e.data();
-  word *kP = s.wa.data(), *vR = s.wb.data(), *pb = s.wc.data();
-  pack_columns<C>(k, t.base, L, Lp, t.h, H, kP);
-  dots_by_columns<C>(q + t.base * H + t.h * d, H, L, kP, Lp, scale, p);
-  softmax_keeping(p, L, Lp, probs + t.first, t.first, drop);
-  round_rows(p, L, Lp, pb);
-  pack_row_pairs<C>(v, t.base, L, t.h, H, vR);
-  dots_by_rows<C>(pb, Lp / 2, 1, L, pairs, vR, of);  // out = Pd v
-  scatter_rows<BF16, C>(of, t.base, L, t.h, H, out);
-}
-
-// backward_task with bf16 dot products: dS and Pd are rounded to bf16 for their products.
-template <int C>
-BF16_DOTS_TARGET void backward_task_dots(const BF16* grad, const BF16* q, const BF16* k, const BF16* v,
-                                         const float* probs, BF16* dq, BF16* dk, BF16* dv, const Task& t, int64_t H,
-                                         float scale, const Dropout& drop, Scratch& s) {
-  constexpr int d = C * W;
-  const int64_t L = t.L, Lp = (L + W - 1) / W * W, pairs = (L + 1) / 2;
-  float *rows = s.c.data(), *ds = s.e.data(), *pd = s.f.data(), *prow = s.g.data();
-  word *cols = s.wa.data(), *rowpairs = s.wb.data(), *weights = s.wc.data();
-  pack_columns<C>(v, t.base, L, Lp, t.h, H, cols);
-  dots_by_columns<C>(grad + t.base * H + t.h * d, H, L, cols, Lp, 1.0f, ds);  // dPd = dout v^T
-  softmax_gradient(ds, pd, prow, probs + t.first, L, Lp, t.first, scale, drop);
-  interleave_rows(pd, L, Lp, weights);
-  pack_row_pairs<C>(grad, t.base, L, t.h, H, rowpairs);
-  dots_by_rows<C>(weights, 1, Lp, L, pairs, rowpairs, rows);  // dv = Pd^T dout
-  scatter_rows<BF16, C>(rows, t.base, L, t.h, H, dv);
-  round_rows(ds, L, Lp, weights);
-  pack_row_pairs<C>(k, t.base, L, t.h, H, rowpairs);
-  dots_by_rows<C>(weights, Lp / 2, 1, L, pairs, rowpairs, rows);  // dq = dS k (the scale is in dS)
-  scatter_rows<BF16, C>(rows, t.base, L, t.h, H, dq);
-  interleave_rows(ds, L, Lp, weights);
-  pack_row_pairs<C>(q, t.base, L, t.h, H, rowpairs);
-  dots_by_rows<C>(weights, 1, Lp, L, pairs, rowpairs, rows);  // dk = dS^T q
-  scatter_rows<BF16, C>(rows, t.base, L, t.h, H, dk);
-}
-#endif  // BERTFORGE_BF16_DOTS
 
 // The tasks in head-major order (a thread's share is whole heads over every sequence, so long
 // and short sequences spread evenly), the longest length, and the probabilities' size.
@@ -397,19 +321,9 @@ struct Forward {
     T* op = out.data_ptr<T>();
     float* pp = probs.data_ptr<float>();
     const int64_t H = q.size(1);
-    const bool dots = std::is_same_v<T, BF16> && use_dots();
     at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-      Scratch s(C * W, Lp, dots);
-      for (int64_t i = begin; i < end; ++i) {
-#ifdef BERTFORGE_BF16_DOTS
-        if constexpr (std::is_same_v<T, BF16>)
-          if (dots) {
-            forward_task_dots<C>(qp, kp, vp, op, pp, tasks[i], H, scale, drop, s);
-            continue;
-          }
-#endif
-        forward_task<T, C>(qp, kp, vp, op, pp, tasks[i], H, scale, drop, s);
-      }
+      Scratch s(C * W, Lp);
+      for (int64_t i = begin; i < end; ++i) forward_task<T, C>(qp, kp, vp, op, pp, tasks[i], H, scale, drop, s);
     });
   }
 };
@@ -423,19 +337,10 @@ struct Backward {
     T *dqp = dq.data_ptr<T>(), *dkp = dk.data_ptr<T>(), *dvp = dv.data_ptr<T>();
     const float* pp = probs.data_ptr<float>();
     const int64_t H = q.size(1);
-    const bool dots = std::is_same_v<T, BF16> && use_dots();
     at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-      Scratch s(C * W, Lp, dots);
-      for (int64_t i = begin; i < end; ++i) {
-#ifdef BERTFORGE_BF16_DOTS
-        if constexpr (std::is_same_v<T, BF16>)
-          if (dots) {
-            backward_task_dots<C>(gp, qp, kp, vp, pp, dqp, dkp, dvp, tasks[i], H, scale, drop, s);
-            continue;
-          }
-#endif
+      Scratch s(C * W, Lp);
+      for (int64_t i = begin; i < end; ++i)
         backward_task<T, C>(gp, qp, kp, vp, pp, dqp, dkp, dvp, tasks[i], H, scale, drop, s);
-      }
     });
   }
 };
@@ -474,14 +379,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_train_backward(
   return {dq, dk, dv};
 }
 
-// mode 0 or 1 switches the bf16 dot products off or on (-1 leaves them); returns whether bf16
-// inputs take them now (on, and the CPU has them).
-bool attention_bf16_dots(int64_t mode) {
-  TORCH_CHECK(mode >= -1 && mode <= 1, "attention_bf16_dots: mode must be -1, 0 or 1");
-  if (mode >= 0) dots_wanted.store(mode == 1);
-  return use_dots();
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(bertforge, m) {
@@ -489,13 +386,9 @@ TORCH_LIBRARY_FRAGMENT(bertforge, m) {
         "int key, int threshold, float keep_scale) -> (Tensor, Tensor)");
   m.def("varlen_attention_train_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor probs, Tensor cu_seqlens, "
         "int num_heads, float scale, int key, int threshold, float keep_scale) -> (Tensor, Tensor, Tensor)");
-  m.def("attention_bf16_dots(int mode) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("varlen_attention_train", varlen_attention_train);
   m.impl("varlen_attention_train_backward", varlen_attention_train_backward);
 }
-
-// No tensor argument to dispatch on: the switch is registered for every backend.
-TORCH_LIBRARY_IMPL(bertforge, CatchAll, m) { m.impl("attention_bf16_dots", attention_bf16_dots); }
