@@ -61,6 +61,29 @@ def test_native_matches_reference(dtype, d, p):
         torch.testing.assert_close(a.float(), b.float(), **tolerance, msg=name)
 
 
+@pytest.mark.skipif(not training_attention.amx(), reason="this CPU has no AMX tiles")
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_amx_products_agree_with_the_float32_arithmetic(d):
+    # The same bf16 inputs through both paths: the tile products round P and dS to bf16 before
+    # multiplying, the float32 path does not, so they agree to bf16 rounding, not bit for bit.
+    q, k, v, grad, cu = inputs(LENGTHS, 2, d, torch.bfloat16, seed=5)
+    key, cut, keep_scale = 987654321, threshold(0.2), 1.0 / 0.8
+    ops = training_attention.varlen_attention_train()
+
+    def through(use_amx: bool):
+        assert training_attention.amx(use_amx) is use_amx
+        return run(lambda *t: training_attention._NativeAttention.apply(*t, cu, 2, key, cut, keep_scale, ops),
+                   q, k, v, grad)
+
+    try:
+        tiles, floats = through(True), through(False)
+    finally:
+        training_attention.amx(True)
+    assert any(not torch.equal(a, b) for a, b in zip(tiles, floats)), "the switch did not change the path"
+    for name, a, b in zip(("out", "dq", "dk", "dv"), tiles, floats):
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=2e-2, msg=name)
+
+
 def test_the_mask_has_the_rate_and_is_the_one_the_backward_pass_uses():
     # q = k = 0 gives uniform probabilities 1 / L, and v's rows one-hot, so out[i, j] is the
     # dropped-out probability itself: 0 or 2 / L at p = 0.5.
@@ -81,8 +104,9 @@ def test_the_mask_has_the_rate_and_is_the_one_the_backward_pass_uses():
     torch.testing.assert_close(dv, column_sums)
 
 
-def test_seeded_and_the_same_at_any_thread_count():
-    q, k, v, grad, cu = inputs(LENGTHS, 4, 32, torch.float32, seed=3)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_seeded_and_the_same_at_any_thread_count(dtype):
+    q, k, v, grad, cu = inputs(LENGTHS, 4, 32, dtype, seed=3)
     threads = torch.get_num_threads()
 
     def once(seed: int, n_threads: int):

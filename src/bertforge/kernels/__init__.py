@@ -56,7 +56,7 @@ SWITCH = "BERTFORGE_NATIVE_KERNELS"
 _SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "disentangled_attention.cpp",
                                                      "attention_train.cpp", "dropout.cpp", "cross_entropy.cpp",
                                                      "layer_norm.cpp", "rotary.cpp", "residual_norm.cpp")]
-_HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "attention_blocks.h")]
+_HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "attention_blocks.h", "amx.h")]
 # -fopenmp: at::parallel_for is inline and, in OpenMP builds of torch, an `omp parallel` region;
 # without the flag it runs on one thread. No OpenMP library is linked: the symbols resolve to the
 # one torch already loaded, so the process keeps a single thread pool.

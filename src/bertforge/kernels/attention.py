@@ -74,6 +74,16 @@ class _NativeAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
+def amx(enabled: bool | None = None) -> bool:
+    """Whether the native op runs bf16 attention's products on AMX tiles (Intel Sapphire Rapids and
+    later; head sizes 32, 64 and 128): on wherever the CPU has them, as bf16 products with float32
+    sums, P and dS rounded to bf16 for theirs as autocast's matmuls would round them. `enabled`
+    switches it, for comparing both paths in one process; returns whether it is on now."""
+    if varlen_attention_train() is None:
+        return False
+    return bool(torch.ops.bertforge.attention_amx(-1 if enabled is None else int(enabled)))
+
+
 def native(q: torch.Tensor, num_heads: int) -> bool:
     """Whether the native op takes these queries (float [..., H]): CPU, float32 or bf16, a head size
     it is built for."""

@@ -28,12 +28,15 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "simd.h"
 
 namespace {
@@ -150,11 +153,15 @@ void scatter_rows(const float* in, int64_t base, int64_t L, int64_t h, int64_t H
     for (int c = 0; c < C; ++c) Io<T>::store(y + (base + i) * H + h * d + c * W, load(in + i * d + c * W));
 }
 
+using namespace bertforge_amx;
+
 struct Dropout {
   uint32_t k0, k1, threshold;
   float scale;  // 1 / (1 - p)
   bool on() const { return threshold != 0; }
 };
+
+inline vi kept_lanes(uint32_t start, const Dropout& drop) { return kept(start, drop.k0, drop.k1, drop.threshold); }
 
 // Where each (sequence, head) task's tokens and probabilities are.
 struct Task {
@@ -166,25 +173,29 @@ struct Task {
 // Per-thread scratch, sized for the longest sequence.
 struct Scratch {
   std::vector<float> a, b, c, d, e, f, g;
-  Scratch(int64_t d_, int64_t Lp) : a(Lp * d_), b(Lp * d_), c(Lp * d_), d(Lp * d_), e(Lp * Lp), f(Lp * Lp), g(Lp) {}
+  // The AMX path's bf16 operands (amx.h), sized for K padded to 32: two A operands, two B operands.
+  std::vector<BF16> rows_a, rows_b;
+  std::vector<word> pairs_a, pairs_b;
+  Scratch(int64_t d_, int64_t Lp, bool amx)
+      : a(Lp * d_), b(Lp * d_), c(Lp * d_), d(Lp * d_), e(Lp * Lp), f(Lp * Lp), g(Lp),
+        rows_a(amx ? round_up(Lp, 32) * std::max<int64_t>(Lp, d_) : 0),
+        rows_b(amx ? round_up(Lp, 32) * d_ : 0),
+        pairs_a(amx ? round_up(Lp, 32) / 2 * std::max<int64_t>(Lp, d_) : 0),
+        pairs_b(amx ? round_up(Lp, 32) / 2 * d_ : 0) {}
 };
 
-template <typename T, int C>
-void forward_task(const T* q, const T* k, const T* v, T* out, float* probs, const Task& t, int64_t H,
-                  float scale, const Dropout& drop, Scratch& s) {
-  constexpr int d = C * W;
-  const int64_t L = t.L, Lp = (L + W - 1) / W * W;
-  float *qf = s.a.data(), *kT = s.b.data(), *vf_ = s.c.data(), *of = s.d.data(), *p = s.e.data();
-  gather_rows<T, C>(q, t.base, L, t.h, H, scale, qf);  // the scale folded into q once
-  gather_columns<T, C>(k, t.base, L, Lp, t.h, H, kT);
-  gather_rows<T, C>(v, t.base, L, t.h, H, 1.0f, vf_);
-  rows_by_columns<C>(qf, kT, L, Lp, p);
+// Softmax of each of the L score rows p [L, Lp] in place, after multiplying them by `scale`
+// (1 where the scale is already in q); keys past L take no weight. P is copied out to `kept`
+// [L, L] for the backward pass; then the dropout mask and scale are applied to the rows in p,
+// which the product with v reads next.
+void softmax_keeping(float* p, int64_t L, int64_t Lp, float scale, float* kept, uint32_t first, const Dropout& drop) {
   const vi last_live = lanes() < vu{} + static_cast<uint32_t>(L - (Lp - W));
   const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
-  float* kept_probs = probs + t.first;
   for (int64_t i = 0; i < L; ++i) {
     float* row = p + i * Lp;
-    store(row + Lp - W, last_live ? load(row + Lp - W) : neg_inf);  // keys past the end take no weight
+    if (scale != 1.0f)
+      for (int64_t b = 0; b < Lp; b += W) store(row + b, load(row + b) * scale);
+    store(row + Lp - W, last_live ? load(row + Lp - W) : neg_inf);
     vf m = load(row);
     for (int64_t b = W; b < Lp; b += W) { const vf x = load(row + b); m = x > m ? x : m; }
     const vf mx = splat(hmax(m));
@@ -196,13 +207,55 @@ void forward_task(const T* q, const T* k, const T* v, T* out, float* probs, cons
     }
     const float inv = 1.0f / hsum(sum);
     for (int64_t b = 0; b < Lp; b += W) store(row + b, load(row + b) * inv);
-    std::memcpy(kept_probs + i * L, row, L * sizeof(float));  // P for the backward pass, no padding
+    std::memcpy(kept + i * L, row, L * sizeof(float));  // P for the backward pass, no padding
     if (drop.on())
       for (int64_t b = 0; b < Lp; b += W) {
-        const vi keep = kept(t.first + static_cast<uint32_t>(i * L + b), drop.k0, drop.k1, drop.threshold);
+        const vi keep = kept_lanes(first + static_cast<uint32_t>(i * L + b), drop);
         store(row + b, keep ? load(row + b) * drop.scale : vf{});
       }
   }
+}
+
+// From g = dPd [L, Lp] (dout v^T) and the kept P [L, L]: pd = P * keep * c (what multiplied v)
+// and, in place of g, dS = scale * P * (dP - rowsum(dP * P)) with dP = dPd * keep * c; both zero
+// past column L. `prow` is scratch for one row.
+void softmax_gradient(float* g, float* pd, float* prow, const float* kept, int64_t L, int64_t Lp, uint32_t first,
+                      float scale, const Dropout& drop) {
+  for (int64_t i = 0; i < L; ++i) {
+    std::memcpy(prow, kept + i * L, L * sizeof(float));
+    std::fill(prow + L, prow + Lp, 0.0f);  // no probability, so no gradient, past the end
+    float* gi = g + i * Lp;
+    float* pdi = pd + i * Lp;
+    vf dot = {};
+    for (int64_t b = 0; b < Lp; b += W) {
+      const vf pv = load(prow + b);
+      vf dp = load(gi + b);
+      if (drop.on()) {
+        const vi keep = kept_lanes(first + static_cast<uint32_t>(i * L + b), drop);
+        store(pdi + b, keep ? pv * drop.scale : vf{});
+        dp = keep ? dp * drop.scale : vf{};
+      } else {
+        store(pdi + b, pv);
+      }
+      store(gi + b, dp);
+      dot += dp * pv;
+    }
+    const vf rowdot = splat(hsum(dot));
+    for (int64_t b = 0; b < Lp; b += W) store(gi + b, load(prow + b) * (load(gi + b) - rowdot) * scale);
+  }
+}
+
+template <typename T, int C>
+void forward_task(const T* q, const T* k, const T* v, T* out, float* probs, const Task& t, int64_t H,
+                  float scale, const Dropout& drop, Scratch& s) {
+  constexpr int d = C * W;
+  const int64_t L = t.L, Lp = (L + W - 1) / W * W;
+  float *qf = s.a.data(), *kT = s.b.data(), *vf_ = s.c.data(), *of = s.d.data(), *p = s.e.data();
+  gather_rows<T, C>(q, t.base, L, t.h, H, scale, qf);  // the scale folded into q once
+  gather_columns<T, C>(k, t.base, L, Lp, t.h, H, kT);
+  gather_rows<T, C>(v, t.base, L, t.h, H, 1.0f, vf_);
+  rows_by_columns<C>(qf, kT, L, Lp, p);
+  softmax_keeping(p, L, Lp, 1.0f, probs + t.first, t.first, drop);  // the scale is in qf
   weights_by_rows<C>(p, vf_, L, Lp, of);
   scatter_rows<T, C>(of, t.base, L, t.h, H, out);
 }
@@ -216,29 +269,7 @@ void backward_task(const T* grad, const T* q, const T* k, const T* v, const floa
   gather_rows<T, C>(grad, t.base, L, t.h, H, 1.0f, gf);
   gather_columns<T, C>(v, t.base, L, Lp, t.h, H, vT);
   rows_by_columns<C>(gf, vT, L, Lp, ds);  // dPd = dout v^T
-  const float* kept_probs = probs + t.first;
-  for (int64_t i = 0; i < L; ++i) {
-    std::memcpy(prow, kept_probs + i * L, L * sizeof(float));
-    std::fill(prow + L, prow + Lp, 0.0f);  // no probability, so no gradient, past the end
-    float* g = ds + i * Lp;
-    float* pdi = pd + i * Lp;
-    vf dot = {};
-    for (int64_t b = 0; b < Lp; b += W) {
-      const vf pv = load(prow + b);
-      vf dp = load(g + b);
-      if (drop.on()) {
-        const vi keep = kept(t.first + static_cast<uint32_t>(i * L + b), drop.k0, drop.k1, drop.threshold);
-        store(pdi + b, keep ? pv * drop.scale : vf{});
-        dp = keep ? dp * drop.scale : vf{};
-      } else {
-        store(pdi + b, pv);
-      }
-      store(g + b, dp);
-      dot += dp * pv;
-    }
-    const vf rowdot = splat(hsum(dot));
-    for (int64_t b = 0; b < Lp; b += W) store(g + b, load(prow + b) * (load(g + b) - rowdot) * scale);
-  }
+  softmax_gradient(ds, pd, prow, probs + t.first, L, Lp, t.first, scale, drop);
   transposed_weights_by_rows<C>(pd, gf, L, Lp, rows_a);  // dv = Pd^T dout
   scatter_rows<T, C>(rows_a, t.base, L, t.h, H, dv);
   gather_rows<T, C>(k, t.base, L, t.h, H, 1.0f, rows_b);
@@ -248,6 +279,81 @@ void backward_task(const T* grad, const T* q, const T* k, const T* v, const floa
   transposed_weights_by_rows<C>(ds, rows_b, L, Lp, rows_a);  // dk = dS^T q
   scatter_rows<T, C>(rows_a, t.base, L, t.h, H, dk);
 }
+
+// Whether bf16 inputs with head sizes a multiple of 32 take the AMX tile products (amx.h): on
+// where the CPU and the kernel allow them, unless switched off (`attention_amx(0)`, for comparing
+// both paths in one process).
+std::atomic<bool> amx_wanted{true};
+
+bool use_amx(at::ScalarType dtype, int64_t d) {
+  return dtype == at::kBFloat16 && d % 32 == 0 && amx_wanted.load(std::memory_order_relaxed) && amx_supported();
+}
+
+// float [d, ld] (ld % W == 0) -> rows [base, base + L) of head h of y [N, H]: y_j[c] = in[c, j],
+// rounded once. The rounding runs on whole vectors into `scratch` [d, ld]; only the transposing
+// copy is element by element.
+void scatter_columns(const float* in, int64_t ld, int64_t base, int64_t L, int64_t h, int64_t H, int64_t d,
+                     BF16* scratch, BF16* y) {
+  for (int64_t c = 0; c < d; ++c)
+    for (int64_t b = 0; b < ld; b += W) Io<BF16>::store(scratch + c * ld + b, load(in + c * ld + b));
+  for (int64_t j = 0; j < L; ++j) {
+    BF16* row = y + (base + j) * H + h * d;
+    for (int64_t c = 0; c < d; ++c) row[c] = scratch[c * ld + j];
+  }
+}
+
+#ifdef BERTFORGE_AMX
+// forward_task for bf16 q, k, v on AMX tiles: q k^T and P v as bf16 products with float32 sums.
+// P (after dropout) is rounded to bf16 for its product with v, as autocast's matmuls would round
+// it; the scale multiplies the float32 scores. Queries and keys are padded to Lp = L rounded up
+// to 16, and P's columns, the products' inner dimension, to Lk = L rounded up to 32.
+template <int C>
+AMX_TARGET void forward_task_amx(const BF16* q, const BF16* k, const BF16* v, BF16* out, float* probs, const Task& t,
+                                 int64_t H, float scale, const Dropout& drop, Scratch& s) {
+  constexpr int d = C * W;
+  const int64_t L = t.L, Lp = round_up(L, W), Lk = round_up(L, 32);
+  float *of = s.d.data(), *p = s.e.data();
+  BF16 *qa = s.rows_b.data(), *pa = s.rows_a.data();
+  word *kb = s.pairs_a.data(), *vb = s.pairs_b.data();
+  copy_rows(q, t.base, L, t.h, H, d, Lp, qa);
+  pair_columns(k, t.base, L, t.h, H, d, Lp, kb);
+  amx_gemm(qa, d, kb, Lp, p, Lp, Lp, Lp, d);  // scores [Lp, Lp]
+  softmax_keeping(p, L, Lp, scale, probs + t.first, t.first, drop);
+  round_rows(p, L, Lp, Lp, Lk, pa);
+  pair_rows(v, t.base, L, t.h, H, d, Lk, vb);
+  amx_gemm(pa, Lk, vb, d, of, d, Lp, d, Lk);  // out = Pd v
+  scatter_rows<BF16, C>(of, t.base, L, t.h, H, out);
+}
+
+// backward_task on AMX tiles. dv and dk come out transposed (dv^T = dout^T Pd, dk^T = q^T dS),
+// so that Pd and dS, the large operands, are packed by rows in one vector pass each.
+template <int C>
+AMX_TARGET void backward_task_amx(const BF16* grad, const BF16* q, const BF16* k, const BF16* v, const float* probs,
+                                  BF16* dq, BF16* dk, BF16* dv, const Task& t, int64_t H, float scale,
+                                  const Dropout& drop, Scratch& s) {
+  constexpr int d = C * W;
+  const int64_t L = t.L, Lp = round_up(L, W), Lk = round_up(L, 32);
+  float *rows = s.d.data(), *cols = s.c.data(), *ds = s.e.data(), *pd = s.f.data(), *prow = s.g.data();
+  BF16 *a_small = s.rows_b.data(), *a_large = s.rows_a.data();
+  word *b_large = s.pairs_a.data(), *b_small = s.pairs_b.data();
+  copy_rows(grad, t.base, L, t.h, H, d, Lp, a_small);
+  pair_columns(v, t.base, L, t.h, H, d, Lp, b_large);
+  amx_gemm(a_small, d, b_large, Lp, ds, Lp, Lp, Lp, d);  // dPd = dout v^T
+  softmax_gradient(ds, pd, prow, probs + t.first, L, Lp, t.first, scale, drop);
+  copy_transposed(grad, t.base, L, t.h, H, d, Lk, a_small);
+  round_pair_rows(pd, L, Lp, Lk, b_large);
+  amx_gemm(a_small, Lk, b_large, Lp, cols, Lp, d, Lp, Lk);  // dv^T = dout^T Pd
+  scatter_columns(cols, Lp, t.base, L, t.h, H, d, a_small, dv);  // dout^T is spent
+  round_rows(ds, L, Lp, Lp, Lk, a_large);
+  pair_rows(k, t.base, L, t.h, H, d, Lk, b_small);
+  amx_gemm(a_large, Lk, b_small, d, rows, d, Lp, d, Lk);  // dq = dS k (the scale is in dS)
+  scatter_rows<BF16, C>(rows, t.base, L, t.h, H, dq);
+  copy_transposed(q, t.base, L, t.h, H, d, Lk, a_small);
+  round_pair_rows(ds, L, Lp, Lk, b_large);
+  amx_gemm(a_small, Lk, b_large, Lp, cols, Lp, d, Lp, Lk);  // dk^T = q^T dS
+  scatter_columns(cols, Lp, t.base, L, t.h, H, d, a_small, dk);  // q^T is spent
+}
+#endif  // BERTFORGE_AMX
 
 // The tasks in head-major order (a thread's share is whole heads over every sequence, so long
 // and short sequences spread evenly), the longest length, and the probabilities' size.
@@ -321,8 +427,18 @@ struct Forward {
     T* op = out.data_ptr<T>();
     float* pp = probs.data_ptr<float>();
     const int64_t H = q.size(1);
+    const bool amx = use_amx(q.scalar_type(), C * W);
     at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-      Scratch s(C * W, Lp);
+      Scratch s(C * W, Lp, amx);
+#ifdef BERTFORGE_AMX
+      if constexpr (std::is_same_v<T, BF16> && C % 2 == 0)
+        if (amx) {
+          amx_begin();
+          for (int64_t i = begin; i < end; ++i) forward_task_amx<C>(qp, kp, vp, op, pp, tasks[i], H, scale, drop, s);
+          amx_end();
+          return;
+        }
+#endif
       for (int64_t i = begin; i < end; ++i) forward_task<T, C>(qp, kp, vp, op, pp, tasks[i], H, scale, drop, s);
     });
   }
@@ -337,8 +453,19 @@ struct Backward {
     T *dqp = dq.data_ptr<T>(), *dkp = dk.data_ptr<T>(), *dvp = dv.data_ptr<T>();
     const float* pp = probs.data_ptr<float>();
     const int64_t H = q.size(1);
+    const bool amx = use_amx(q.scalar_type(), C * W);
     at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-      Scratch s(C * W, Lp);
+      Scratch s(C * W, Lp, amx);
+#ifdef BERTFORGE_AMX
+      if constexpr (std::is_same_v<T, BF16> && C % 2 == 0)
+        if (amx) {
+          amx_begin();
+          for (int64_t i = begin; i < end; ++i)
+            backward_task_amx<C>(gp, qp, kp, vp, pp, dqp, dkp, dvp, tasks[i], H, scale, drop, s);
+          amx_end();
+          return;
+        }
+#endif
       for (int64_t i = begin; i < end; ++i)
         backward_task<T, C>(gp, qp, kp, vp, pp, dqp, dkp, dvp, tasks[i], H, scale, drop, s);
     });
@@ -379,6 +506,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attention_train_backward(
   return {dq, dk, dv};
 }
 
+// mode 0 or 1 switches the AMX path off or on (-1 leaves it); returns whether bf16 inputs with
+// head sizes a multiple of 32 take it now (on, and the CPU and the kernel allow it).
+bool attention_amx(int64_t mode) {
+  TORCH_CHECK(mode >= -1 && mode <= 1, "attention_amx: mode must be -1, 0 or 1");
+  if (mode >= 0) amx_wanted.store(mode == 1);
+  return use_amx(at::kBFloat16, 32);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(bertforge, m) {
@@ -386,9 +521,13 @@ TORCH_LIBRARY_FRAGMENT(bertforge, m) {
         "int key, int threshold, float keep_scale) -> (Tensor, Tensor)");
   m.def("varlen_attention_train_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor probs, Tensor cu_seqlens, "
         "int num_heads, float scale, int key, int threshold, float keep_scale) -> (Tensor, Tensor, Tensor)");
+  m.def("attention_amx(int mode) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {
   m.impl("varlen_attention_train", varlen_attention_train);
   m.impl("varlen_attention_train_backward", varlen_attention_train_backward);
 }
+
+// No tensor argument to dispatch on: the switch is registered for every backend.
+TORCH_LIBRARY_IMPL(bertforge, CatchAll, m) { m.impl("attention_amx", attention_amx); }

@@ -30,6 +30,16 @@ inline vu lanes() { return vu{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 
 // rounding to nearest, ties to even, as torch's own casts do.
 template <typename T> struct Io;
 
+// Each lane's bfloat16 bits (in the low half): rounded to nearest, ties to even, as torch's own
+// casts round, and c10's quiet NaN for a NaN.
+inline vu bf16_bits(vf v) {
+  vu bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const vu rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const vi nan = v != v;
+  return nan ? vu{} + 0x7FC0u : rounded;
+}
+
 template <> struct Io<float> {
   static vf load(const float* p) { return bertforge_simd::load(p); }
   static void store(float* p, vf v) { bertforge_simd::store(p, v); }
@@ -45,12 +55,7 @@ template <> struct Io<c10::BFloat16> {
     return v;
   }
   static void store(c10::BFloat16* p, vf v) {
-    vu bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    vu rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;  // round to nearest, ties to even
-    const vi nan = v != v;
-    rounded = nan ? vu{} + 0x7FC0u : rounded;  // c10's quiet NaN
-    vh raw = __builtin_convertvector(rounded, vh);
+    vh raw = __builtin_convertvector(bf16_bits(v), vh);
     std::memcpy(p, &raw, sizeof(raw));
   }
 };
