@@ -23,10 +23,12 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
 - `tied`: the tied word-embedding matrix's gradient made once (`models/tied.py`: the lookup's rows
   added in place into the decoder's gradient) against autograd's two dense [V, E] gradients and
   their sum.
+- `amx` (bf16 only): the training attention kernel's products on AMX tiles (`kernels/amx.h`: bf16
+  products, float32 sums) against its float32 FMAs on the same bf16 inputs, where the CPU has AMX.
 
 Several changes joined by commas (`--change tied,ffn`) are measured together: all off against all on.
 
-    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|ffn|norm|tied[,...] [--sizes mini,base] [--steps 8]
+    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|ffn|norm|tied|amx[,...] [--sizes mini,base] [--steps 8]
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import Tokenizer
-from bertforge.kernels import residual_norm
+from bertforge.kernels import attention, residual_norm
 from bertforge.models import heads, layers
 from bertforge.models.tied import TiedEmbedding
 from bertforge.training import matmul
@@ -69,7 +71,20 @@ CHANGES = {
              "residual LayerNorm kernel", None, PRECISIONS),
     "tied": ("tied_ab", "two dense gradients", lambda: patch.object(TiedEmbedding, "_tracked", lambda self: False),
              "one gradient matrix", None, PRECISIONS),
+    "amx": ("amx_ab", "float32 FMAs", lambda: _amx_off(), "AMX tiles", None, ("bf16",)),
 }
+
+
+@contextlib.contextmanager
+def _amx_off():
+    """The attention kernel's products back on float32 FMAs while inside."""
+    if not attention.amx():
+        raise SystemExit("train_ab: this CPU has no AMX tiles (or the native kernels did not build)")
+    attention.amx(False)
+    try:
+        yield
+    finally:
+        attention.amx(True)
 
 
 def along(*factories):
