@@ -19,7 +19,9 @@
 // mask from the same index.
 //
 // Inputs may be float32 or bfloat16 (autocast's linear layers give bf16); the arithmetic is
-// float32 throughout, and q, k, v, out and the gradients keep the inputs' dtype. Each task's
+// float32, and q, k, v, out and the gradients keep the inputs' dtype. On bf16 inputs with head
+// sizes 32, 64 or 128, where the CPU has AMX, the six products run on its tiles instead (amx.h:
+// bf16 products, float32 sums; P and dS rounded to bf16 for theirs); the rest is the same. Each task's
 // arithmetic is independent of the others, so results are the same bit for bit at any thread
 // count; tasks write disjoint rows and columns of the outputs.
 
