@@ -24,7 +24,11 @@
 
 #include "simd.h"
 
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+// The tile intrinsics and target names need GCC 11 or Clang 12; an older compiler builds the
+// kernels without this path rather than failing to build them at all.
+#if defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -44,7 +48,8 @@ using word = uint32_t;  // two bf16: the first in the low half
 inline bool amx_supported() {
 #ifdef BERTFORGE_AMX
   static const bool yes = [] {
-    if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return false;
+    unsigned eax, ebx, ecx, edx;  // CPUID leaf 7: AMX-BF16 is EDX bit 22, AMX-TILE bit 24
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 22)) || !(edx & (1u << 24))) return false;
     constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
   }();
