@@ -8,7 +8,10 @@ tokens/s, each turned into a share of peak with FLOPs = 6 x non-embedding parame
   B16 L128 WikiText-2 sentence pairs, interleaved step for step with transformers' on the same
   batches and weights (AdamW each; transformers' under the same autocast);
 - end to end: `bertforge pretrain` on the same corpus, from the median logged tokens/s (batch
-  building, masking, logging, clipping and the optimizer all counted);
+  building, masking, logging, clipping and the optimizer all counted); and, right after it, the
+  model step once more (bertforge's alone), so that end to end is also set against a step timed
+  the same minute: at `base` the first model-step figure is minutes older, and this host's rate
+  drifts that much in minutes;
 - the peaks: a 2048² matmul in fp32 (MKL's sgemm, which `torch.mm` uses, and oneDNN's, through the
   fused path's packed linear; the faster counts) and in bf16, measured in a burst before each size;
   and each precision's rate when that matmul runs for seconds (`sustained_peaks`), against which
@@ -133,6 +136,14 @@ def model_steps(size: str, tokenizer: Tokenizer, steps: int, warmup: int = 2) ->
     return result
 
 
+def model_step_now(size: str, tokenizer: Tokenizer, precision: str, steps: int, warmup: int = 2) -> float:
+    """bertforge's model-step tokens/s alone, as `model_steps` times it, at this minute."""
+    ours, _ = paired_models(size, tokenizer)
+    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True)
+    runners = {"bertforge": (ours, optimizer, BucketBF16)}
+    return interleaved_rates(runners, masked_batches(tokenizer, warmup + steps), precision, warmup)["bertforge"]
+
+
 def end_to_end(size: str, corpus: Path, work: Path, precision: str, steps: int) -> float:
     """Median logged real tokens/s of `bertforge pretrain` (first 10 steps left out)."""
     out = work / f"{size}-{precision}"
@@ -161,6 +172,7 @@ def measure(sizes: list[str], steps: int, e2e_steps: int) -> dict:
         for precision in PRECISIONS:
             peak = peaks[precision]
             e2e = end_to_end(size, corpus, work, precision, e2e_steps)
+            after = model_step_now(size, tokenizer, precision, steps)
             ours, theirs = timed[precision]["bertforge"], timed[precision]["transformers"]
             row = {"size": size, "precision": precision, "peak_gflops": round(peak),
                    "peaks": {k: round(v) for k, v in peaks.items()},
@@ -168,6 +180,8 @@ def measure(sizes: list[str], steps: int, e2e_steps: int) -> dict:
                    "transformers_step_tokens_per_s": round(theirs), "vs_transformers": round(ours / theirs, 2),
                    "end_to_end_tokens_per_s": round(e2e), "end_to_end_share": round(e2e * flops_per_token / 1e9 / peak, 3),
                    "end_to_end_over_model_step": round(e2e / ours, 2),
+                   "model_step_after_tokens_per_s": round(after),
+                   "end_to_end_over_model_step_after": round(e2e / after, 2),
                    # the same end to end against the rate the units sustain (see sustained_peaks)
                    "end_to_end_share_of_sustained": round(e2e * flops_per_token / 1e9 / peaks[f"{precision}_sustained"], 3)}
             result["rows"].append(row)
