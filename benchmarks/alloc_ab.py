@@ -51,25 +51,21 @@ def child(size: str, precision: str, steps: int, keep_heap: bool, warmup: int = 
     """One runner: its median tokens/s, minor page faults per step and peak RSS, as one JSON line."""
     import resource
 
-    import torch
-
     if keep_heap:
         keep_freed_memory()
 
     from bertforge import Tokenizer
-    from bertforge.training.matmul import BucketBF16
 
     from .common import minilm_dir
     from .pretrain_throughput import paired_models, train_step
-    from .train_peak import autocast_for, masked_batches
+    from .train_peak import autocast_for, bertforge_runner, masked_batches
 
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
-    ours, _ = paired_models(size, tokenizer)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True)
+    ours, optimizer, loop = bertforge_runner(paired_models(size, tokenizer)[0])
     rates, faults = [], []
     for i, batch in enumerate(masked_batches(tokenizer, warmup + steps)):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        with BucketBF16(), autocast_for(precision):
+        with loop(), autocast_for(precision):
             seconds = train_step(ours, optimizer, dict(batch))
         if i >= warmup:
             rates.append(int(batch["attention_mask"].sum()) / seconds)

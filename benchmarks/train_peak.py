@@ -122,13 +122,18 @@ def masked_batches(tokenizer: Tokenizer, count: int) -> list[dict]:
     return [collate(examples[i * 16:(i + 1) * 16], rng) for i in range(count)]
 
 
+def bertforge_runner(model: torch.nn.Module) -> tuple:
+    """bertforge's runner for `interleaved_rates`: the fused AdamW its training loop uses
+    (training/optim.py), and the step as the loop runs it (bucketed bf16 linears; no-op in fp32)."""
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-6, fused=True), BucketBF16
+
+
 def model_steps(size: str, tokenizer: Tokenizer, steps: int, warmup: int = 2) -> dict:
     """Model-step tokens/s of bertforge and transformers, per precision, interleaved step by step."""
     ours, hf_model = paired_models(size, tokenizer)
     # Each library's default AdamW: torch's fused kernel is what bertforge's loop uses (training/optim.py).
     runners = {"transformers": (hf_model, torch.optim.AdamW(hf_model.parameters(), lr=1e-4), None),
-               "bertforge": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True),
-                             BucketBF16)}  # as the training loop runs it (bucketed bf16 linears; no-op in fp32)
+               "bertforge": bertforge_runner(ours)}
     batches = masked_batches(tokenizer, warmup + steps)
     result = {"non_embedding_parameters": non_embedding_parameters(ours)}
     for precision in PRECISIONS:
@@ -138,9 +143,8 @@ def model_steps(size: str, tokenizer: Tokenizer, steps: int, warmup: int = 2) ->
 
 def model_step_now(size: str, tokenizer: Tokenizer, precision: str, steps: int, warmup: int = 2) -> float:
     """bertforge's model-step tokens/s alone, as `model_steps` times it, at this minute."""
-    ours, _ = paired_models(size, tokenizer)
-    optimizer = torch.optim.AdamW(ours.parameters(), lr=1e-4, eps=1e-6, fused=True)
-    runners = {"bertforge": (ours, optimizer, BucketBF16)}
+    ours, _ = paired_models(size, tokenizer)  # the same weights as model_steps' runner
+    runners = {"bertforge": bertforge_runner(ours)}
     return interleaved_rates(runners, masked_batches(tokenizer, warmup + steps), precision, warmup)["bertforge"]
 
 
