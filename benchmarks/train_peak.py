@@ -114,12 +114,12 @@ def interleaved_rates(runners: dict[str, tuple], batches: list[dict], precision:
     return {name: median(v) for name, v in rates.items()}
 
 
-def masked_batches(tokenizer: Tokenizer, count: int) -> list[dict]:
-    """`count` B16 L128 masked WikiText-2 pair batches, the same on every call."""
-    examples = pair_examples(tokenizer, 128, count * 16)
+def masked_batches(tokenizer: Tokenizer, count: int, batch_size: int = 16) -> list[dict]:
+    """`count` L128 masked WikiText-2 pair batches of `batch_size` rows, the same on every call."""
+    examples = pair_examples(tokenizer, 128, count * batch_size)
     collate = MaskingCollator(tokenizer, 128)
     rng = np.random.default_rng(0)
-    return [collate(examples[i * 16:(i + 1) * 16], rng) for i in range(count)]
+    return [collate(examples[i * batch_size:(i + 1) * batch_size], rng) for i in range(count)]
 
 
 def bertforge_runner(model: torch.nn.Module) -> tuple:

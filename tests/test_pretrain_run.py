@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 import bertforge
 from bertforge import BertConfig, BertForMaskedLM, BertForPreTraining, Tokenizer
+from bertforge.errors import ConfigError
+from bertforge.runconfig import TrainConfig
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 from bertforge.tasks.pretraining import PretrainingTask
 
@@ -34,10 +36,14 @@ def tokenizer_dir(tmp_path_factory, corpus) -> Path:
     return path
 
 
+# On a GPU the bitwise checks need deterministic kernels (training/determinism.py); on the CPU they hold as is.
+ON_GPU = ["--deterministic"] if torch.cuda.is_available() else []
+
+
 def base_args(corpus: Path, tokenizer_dir: Path, out: Path, *extra: str) -> list[str]:
     return [str(corpus), "--tokenizer", str(tokenizer_dir), "--model", "L2-H64", "--seq-len", "32",
             "--batch-size", "8", "--lr", "2e-3", "--warmup", "2", "--log-every", "2", "--seed", "3",
-            "--workers", "1", "--out", str(out), *extra]
+            "--workers", "1", "--out", str(out), *ON_GPU, *extra]
 
 
 def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -93,6 +99,22 @@ def test_exact_resume_after_sigkill(tmp_path, corpus, tokenizer_dir, precision):
     rows_a = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
     rows_b = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("loss")) for r in rows_a] == [(r["step"], r.get("loss")) for r in rows_b]
+
+
+def test_deterministic_runs_repeat_bit_for_bit(tmp_path, corpus, tokenizer_dir):
+    """--deterministic: on the CPU, whose kernels are deterministic already, it changes no number (the same
+    weights as a run without it); on a GPU, two runs with it end with the same weights, bit for bit."""
+    steps = ["--max-steps", "4", "--eval-every", "4", "--precision", "bf16"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    # base_args already adds the flag on a GPU; on the CPU the first run goes without it.
+    assert cli(*base_args(corpus, tokenizer_dir, first, *steps)).returncode == 0
+    done = cli(*base_args(corpus, tokenizer_dir, second, *steps, *([] if ON_GPU else ["--deterministic"])))
+    assert done.returncode == 0, done.stderr
+    a, b = weights(first), weights(second)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The JAX engine has no such switch: refused by name, never ignored.
+    with pytest.raises(ConfigError, match=r"deterministic \(--deterministic\) True is not available with --backend jax"):
+        TrainConfig(out=str(tmp_path / "jax"), max_steps=1, deterministic=True, backend="jax")
 
 
 @pytest.mark.parametrize("arch, objective", [("electra", "rtd"), ("albert", "mlm+sop")])

@@ -81,6 +81,8 @@ class LoopSettings:
     matmul: str = setting("auto", "fp32 CPU training's linear layers: torch (its BLAS, MKL on x86), onednn, or "
                                   "auto: the faster of the two per layer shape, measured once per machine")
     compile: bool = setting(False, "torch.compile the model")
+    deterministic: bool = setting(False, "deterministic GPU kernels (torch.use_deterministic_algorithms), so that a "
+                                         "CUDA run and its resume repeat bit for bit; slower. CPU runs always do")
     pack: bool = setting(False, "pack several examples per row (block-diagonal attention): same loss, fewer rows")
     seed: int = setting(0, "seed of every random choice: data order, masking, dropout, new weights")
     backend: str = setting("torch", "torch, or jax (Flax NNX; pip install \"bertforge[jax]\")")
@@ -109,7 +111,8 @@ class LoopSettings:
         if self.backend == "jax":  # what the JAX engine does not do (yet): refused, never ignored
             for name, torch_only in (("optimizer", self.optimizer != "adamw"), ("precision", self.precision == "bf16"),
                                      ("matmul", self.matmul != "auto"),
-                                     ("compile", self.compile), ("pack", self.pack)):
+                                     ("compile", self.compile), ("pack", self.pack),
+                                     ("deterministic", self.deterministic)):
                 if torch_only:
                     raise ConfigError(f"{flag(name)} {getattr(self, name)} is not available with --backend jax")
         if self.pack and self.compile:

@@ -44,6 +44,7 @@ from .checkpoint import (
     save_checkpoint,
     torch_files,
 )
+from .determinism import use_deterministic_algorithms
 from .matmul import MATMULS, BucketBF16, MatmulChoice, cache_file
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .precision import autocast_for, resolve
@@ -77,6 +78,8 @@ class Trainer:
         self.task = task
         self.out = Path(config.out)
         self.device = dist.device()
+        if config.deterministic:  # before the model's first product on the device
+            use_deterministic_algorithms()
         self.model = model.to(self.device)
         self.run_info = run_info or {}
         self.world = dist.world_size()
