@@ -31,6 +31,9 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 # of their own, not the user's ~/.cache. Subprocesses inherit it, so a test's runs agree with each other.
 os.environ["BERTFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertforge-test-cache-")
 atexit.register(shutil.rmtree, os.environ["BERTFORGE_CACHE_DIR"], True)
+# The tests that compare runs bit for bit add this to the torch runs they start: on a GPU, bitwise
+# repeatability needs deterministic kernels (training/determinism.py); CPU runs have it as they are.
+GPU_DETERMINISTIC = ["--deterministic"] if torch.cuda.is_available() else []
 
 
 def shared(*parts: str) -> Path:

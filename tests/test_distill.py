@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import perturbed, shared
+from conftest import GPU_DETERMINISTIC, perturbed, shared
 from test_finetune import run, slice_file
 
 from bertforge.errors import BertforgeError, ConfigError
@@ -331,7 +331,8 @@ def test_distill_mlm_end_to_end_with_exact_resume(tmp_path):
     torch.manual_seed(0)
     BertForMaskedLM(BertConfig.from_preset("L4-H64", vocab_size=tok.vocab_size)).save_pretrained(teacher, tokenizer=tok)
     args = ["distill", "mlm", str(corpus), "--teacher", str(teacher), "--seq-len", "32", "--batch-size", "8",
-            "--max-steps", "8", "--save-every", "2", "--eval-every", "8", "--precision", "fp32", "--workers", "1"]
+            "--max-steps", "8", "--save-every", "2", "--eval-every", "8", "--precision", "fp32", "--workers", "1",
+            *GPU_DETERMINISTIC]
     env = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     whole = tmp_path / "whole"
     done = subprocess.run([sys.executable, "-m", "bertforge", *args, "--out", str(whole), "--json"],

@@ -18,7 +18,7 @@ from bertforge.data.ner import read_sentences
 from bertforge.errors import InputError
 from bertforge.tasks.token_classification import ner_features
 
-from conftest import shared
+from conftest import GPU_DETERMINISTIC, shared
 
 
 def test_glue_readers():
@@ -143,7 +143,8 @@ def test_finetune_eval_every_config_file_and_exact_resume(tmp_path, tiny_checkpo
     dev = slice_file(shared("glue", "RTE", "dev.tsv"), tmp_path / "dev.tsv", 41)
     config = tmp_path / "run.yaml"
     config.write_text(f"model: {tiny_checkpoint}\ntrain: {train}\ndev: {dev}\nbatch-size: 8\nlr: 1.0e-3\n"
-                      "max_steps: 24\neval_every: 4\nsave_every: 2\nseed: 5\nepochs: 100\n", encoding="utf-8")
+                      "max_steps: 24\neval_every: 4\nsave_every: 2\nseed: 5\nepochs: 100\n"
+                      + ("deterministic: true\n" if GPU_DETERMINISTIC else ""), encoding="utf-8")
     whole = tmp_path / "whole"
     result = run("finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(whole), "--json")
     assert result.returncode == 0, result.stderr

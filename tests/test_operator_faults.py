@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bertforge import BertConfig, BertForSequenceClassification, Tokenizer
+from conftest import GPU_DETERMINISTIC
 
 
 
@@ -35,7 +36,7 @@ def snapshot(root: Path) -> dict[str, str]:
 
 def pretrain_args(corpus: Path, tokenizer_dir: Path, out: Path, *extra: str) -> list[str]:
     return ["pretrain", str(corpus), "--tokenizer", str(tokenizer_dir), "--model", "L2-H64", "--seq-len", "32",
-            "--batch-size", "8", "--workers", "1", "--out", str(out), *extra]
+            "--batch-size", "8", "--workers", "1", "--out", str(out), *GPU_DETERMINISTIC, *extra]
 
 
 @pytest.fixture()

@@ -20,6 +20,7 @@ import pytest
 from safetensors.torch import load_file
 
 from bertforge import BertConfig, BertModel, Tokenizer
+from conftest import GPU_DETERMINISTIC
 
 
 ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
@@ -61,7 +62,7 @@ def pretrain_args(run_inputs, out: Path, *extra: str) -> list[str]:
     corpus, tok = run_inputs
     return ["pretrain", str(corpus), "--tokenizer", str(tok), "--model", "L2-H64", "--seq-len", "32",
             "--batch-size", "8", "--workers", "1", "--max-steps", "80", "--save-every", "1000", "--log-every", "1",
-            "--eval-every", "40", "--out", str(out), *extra]
+            "--eval-every", "40", "--out", str(out), *GPU_DETERMINISTIC, *extra]
 
 
 @pytest.mark.parametrize("sig, after", [(signal.SIGTERM, 7), (signal.SIGUSR1, 23)])
@@ -96,7 +97,7 @@ def test_finetune_stopped_by_ctrl_c_resumes_bit_for_bit(tmp_path, run_inputs):
     def args(out: Path) -> list[str]:
         return ["finetune", "classify", "--model", str(model), "--train", str(train), "--dev", str(dev),
                 "--out", str(out), "--epochs", "3", "--batch-size", "8", "--seq-len", "48", "--save-every", "1000",
-                "--log-every", "1", "--seed", "4"]
+                "--log-every", "1", "--seed", "4", *GPU_DETERMINISTIC]
 
     whole = tmp_path / "whole"
     assert run(args(whole)).returncode == 0

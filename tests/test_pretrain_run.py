@@ -20,6 +20,7 @@ from bertforge.runconfig import TrainConfig
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 from bertforge.tasks.pretraining import PretrainingTask
 
+from conftest import GPU_DETERMINISTIC
 from corpus_utils import write_corpus
 from kill_utils import kill_after_checkpoint
 
@@ -36,14 +37,15 @@ def tokenizer_dir(tmp_path_factory, corpus) -> Path:
     return path
 
 
-# On a GPU the bitwise checks need deterministic kernels (training/determinism.py); on the CPU they hold as is.
-ON_GPU = ["--deterministic"] if torch.cuda.is_available() else []
+# The JAX engine has no --deterministic and refuses it: test_jax's runs, which use base_args too, go without.
+ON_GPU = GPU_DETERMINISTIC
 
 
 def base_args(corpus: Path, tokenizer_dir: Path, out: Path, *extra: str) -> list[str]:
+    on_gpu = [] if "jax" in extra else ON_GPU
     return [str(corpus), "--tokenizer", str(tokenizer_dir), "--model", "L2-H64", "--seq-len", "32",
             "--batch-size", "8", "--lr", "2e-3", "--warmup", "2", "--log-every", "2", "--seed", "3",
-            "--workers", "1", "--out", str(out), *ON_GPU, *extra]
+            "--workers", "1", "--out", str(out), *on_gpu, *extra]
 
 
 def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
