@@ -33,11 +33,10 @@ import transformers
 
 from bertforge import Tokenizer
 from bertforge.training.precision import resolve
-from bertforge.training.pretrain import PretrainConfig, run_pretrain
 
 from .common import machine, median, minilm_dir, wikitext_articles
 from .pretrain_throughput import paired_models
-from .train_peak import PRECISIONS, masked_batches, non_embedding_parameters
+from .train_peak import PRECISIONS, end_to_end, masked_batches, non_embedding_parameters
 
 
 def cuda_peaks(n: int = 8192, repeats: int = 10) -> dict[str, float]:
@@ -98,17 +97,6 @@ def model_steps(size: str, tokenizer: Tokenizer, batch_size: int, steps: int, wa
     return result
 
 
-def end_to_end(size: str, corpus: Path, work: Path, batch_size: int, steps: int) -> float:
-    """Median logged real tokens/s of `bertforge pretrain --precision auto` (first 10 steps left out)."""
-    out = work / f"{size}-auto"
-    cfg = PretrainConfig(corpus=[str(corpus)], model=size, out=str(out), seq_len=128, batch_size=batch_size,
-                         max_steps=steps, eval_every=100_000, save_every=100_000, log_every=5, progress=False,
-                         precision="auto", seed=0, tokenizer=str(minilm_dir()))
-    run_pretrain(cfg)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return median([r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > 10])
-
-
 def measure(sizes: list[str], batch_size: int, steps: int, e2e_steps: int) -> dict:
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
     work = Path(tempfile.mkdtemp(prefix="bf-gpu-train-"))
@@ -135,7 +123,7 @@ def measure(sizes: list[str], batch_size: int, steps: int, e2e_steps: int) -> di
                    "model_step_share": round(ours * tflop_per_token / peaks[precision], 3)}
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
-        e2e = end_to_end(size, corpus, work, batch_size, e2e_steps)
+        e2e = end_to_end(size, corpus, work, "auto", e2e_steps, batch_size)  # train_peak's, at --precision auto
         step = timed[auto]["bertforge"]
         row = {"size": size, "precision": f"auto ({auto})", "end_to_end_tokens_per_s": round(e2e),
                "end_to_end_share": round(e2e * tflop_per_token / peaks[auto], 3),

@@ -148,11 +148,11 @@ def model_step_now(size: str, tokenizer: Tokenizer, precision: str, steps: int, 
     return interleaved_rates(runners, masked_batches(tokenizer, warmup + steps), precision, warmup)["bertforge"]
 
 
-def end_to_end(size: str, corpus: Path, work: Path, precision: str, steps: int) -> float:
+def end_to_end(size: str, corpus: Path, work: Path, precision: str, steps: int, batch_size: int = 16) -> float:
     """Median logged real tokens/s of `bertforge pretrain` (first 10 steps left out)."""
     out = work / f"{size}-{precision}"
     cfg = PretrainConfig(corpus=[str(corpus)], model=size, out=str(out), seq_len=128,
-                         batch_size=16, max_steps=steps, eval_every=10_000, save_every=10_000, log_every=5,
+                         batch_size=batch_size, max_steps=steps, eval_every=10_000, save_every=10_000, log_every=5,
                          progress=False, precision=precision, seed=0, tokenizer=str(minilm_dir()))
     run_pretrain(cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
