@@ -37,12 +37,9 @@ def tokenizer_dir(tmp_path_factory, corpus) -> Path:
     return path
 
 
-# The JAX engine has no --deterministic and refuses it: test_jax's runs, which use base_args too, go without.
-ON_GPU = GPU_DETERMINISTIC
-
-
 def base_args(corpus: Path, tokenizer_dir: Path, out: Path, *extra: str) -> list[str]:
-    on_gpu = [] if "jax" in extra else ON_GPU
+    # The JAX engine has no --deterministic and refuses it: test_jax's runs, which use base_args too, go without.
+    on_gpu = [] if "jax" in extra else GPU_DETERMINISTIC
     return [str(corpus), "--tokenizer", str(tokenizer_dir), "--model", "L2-H64", "--seq-len", "32",
             "--batch-size", "8", "--lr", "2e-3", "--warmup", "2", "--log-every", "2", "--seed", "3",
             "--workers", "1", "--out", str(out), *on_gpu, *extra]
@@ -110,7 +107,7 @@ def test_deterministic_runs_repeat_bit_for_bit(tmp_path, corpus, tokenizer_dir):
     first, second = tmp_path / "first", tmp_path / "second"
     # base_args already adds the flag on a GPU; on the CPU the first run goes without it.
     assert cli(*base_args(corpus, tokenizer_dir, first, *steps)).returncode == 0
-    done = cli(*base_args(corpus, tokenizer_dir, second, *steps, *([] if ON_GPU else ["--deterministic"])))
+    done = cli(*base_args(corpus, tokenizer_dir, second, *steps, *([] if GPU_DETERMINISTIC else ["--deterministic"])))
     assert done.returncode == 0, done.stderr
     a, b = weights(first), weights(second)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
