@@ -48,6 +48,7 @@ from .determinism import use_deterministic_algorithms
 from .matmul import MATMULS, BucketBF16, MatmulChoice, cache_file
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .precision import autocast_for, resolve
+from .prefetch import Prefetcher
 
 
 class TrainingDiverged(BertforgeError):
@@ -85,6 +86,8 @@ class Trainer:
         self.world = dist.world_size()
         self.rank = dist.rank()
         self.optimizer = self._make_optimizer()
+        # The next micro-batch is built while this one trains, on a GPU (`prefetch.py`).
+        self.batches = Prefetcher(self.task.micro_batch, enabled=self.device.type != "cpu")
         self.train_model = dist.wrap(torch.compile(self.model) if config.compile else self.model)
         self._set_precision(*resolve(config.precision, self.device))
         # fp32 CPU linears on torch's BLAS or oneDNN, per shape (`matmul.py`). The choices are part of the
@@ -171,7 +174,10 @@ class Trainer:
         current optimizer step, save a checkpoint and raise `Stopped`, naming it and the command that resumes."""
         with _StopSignals() as signals:
             self._signals = signals
-            return self._fit(resume)
+            try:
+                return self._fit(resume)
+            finally:
+                self.batches.close()
 
     def _fit(self, resume: bool) -> dict[str, Any]:
         c = self.config
@@ -210,6 +216,7 @@ class Trainer:
             last_eval = self._evaluate()  # its rows are in metrics.jsonl already; the summary needs the numbers
         while stop_reason is None:
             grad_norm, lr = self._optimizer_step(step, window)
+            self.batches.settle()  # the task is the loop's alone again (the epoch's size, evaluation)
             step += 1
             self.matmuls.settled = True
             if main and self.matmuls.reasons:  # the shapes first met in this step, and why each library
@@ -291,15 +298,20 @@ class Trainer:
         update. Adds each micro-batch's loss to `window`; returns (gradient norm, learning rate)."""
         c = self.config
         self.train_model.train()
+        epoch = self.state["epoch"]
+        keys = [(epoch, self.state["position"] + a * self.world + self.rank) for a in range(c.grad_accum)]
+        following = self._following_position()  # the next optimizer step's first micro-batch, if this epoch's
+        keys.append(None if following is None else (epoch, following + self.rank))
         for a in range(c.grad_accum):
-            index = self.state["position"] + a * self.world + self.rank
-            batch = {k: v.to(self.device) for k, v in self.task.micro_batch(self.state["epoch"], index).items()}
+            host = self.batches.get(*keys[a])
+            self.batches.ahead(keys[a + 1])  # built while this one trains; `_fit` settles it after the step
+            batch = {k: v.to(self.device) for k, v in host.items()}
             sync = (contextlib.nullcontext() if a == c.grad_accum - 1 or self.world == 1
                     else self.train_model.no_sync())
             with sync, self.autocast(), self._route_matmuls():
                 loss, parts = self.task.loss(self.train_model, batch)
                 (loss / c.grad_accum).backward()
-            window.add(loss, parts, int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0)
+            window.add(loss, parts, int(host["attention_mask"].sum()) if "attention_mask" in host else 0)
         lr = c.lr * self._lr_factor(step)
         if not window.last_step_finite(c.grad_accum):  # before the update: the model stays as it was
             self.optimizer.zero_grad(set_to_none=True)
@@ -346,14 +358,21 @@ class Trainer:
         return True
 
     # ------------------------------------------------------------------ helpers
+    def _following_position(self) -> int | None:
+        """The data position after this optimizer step, or None when that step ends the epoch."""
+        per_step = self.config.grad_accum * self.world
+        position = self.state["position"] + per_step
+        # The last incomplete step's worth of batches is dropped.
+        return position if position + per_step <= self.task.micro_batches_per_epoch(self.state["epoch"]) else None
+
     def _advance_position(self) -> bool:
         """Move the data position past one optimizer step; True when that ended an epoch."""
-        per_step = self.config.grad_accum * self.world
-        self.state["position"] += per_step
-        if self.state["position"] + per_step > self.task.micro_batches_per_epoch(self.state["epoch"]):
-            self.state["epoch"] += 1  # the last incomplete step's worth of batches is dropped
+        following = self._following_position()
+        if following is None:
+            self.state["epoch"] += 1
             self.state["position"] = 0
             return True
+        self.state["position"] = following
         return False
 
     def _track_best(self, metrics: dict[str, float], step: int) -> bool:
