@@ -9,7 +9,8 @@ parameters x real tokens, as in `train_peak`: no credit for attention scores or 
   and weights, interleaved step for step, each step timed between two `torch.cuda.synchronize()`;
 - end to end: `bertforge pretrain --precision auto` on the same corpus (batch building, masking,
   host-to-device copies, logging and clipping counted), its median logged tokens/s, and the
-  precision `auto` chose on this GPU;
+  precision `auto` chose on this GPU; once as the loop runs on a GPU (the next micro-batch built on
+  a worker thread, training/prefetch.py) and once with every batch built between steps, as before it;
 - the peaks: an n x n x n matmul in bf16, in fp32 with TF32 off (torch's default, which both
   libraries' fp32 steps run under here) and with TF32 on, timed with CUDA events.
 
@@ -22,6 +23,7 @@ tokenizer (the bert-base-uncased vocabulary); it writes DIR/gpu_train.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -32,6 +34,7 @@ import torch
 import transformers
 
 from bertforge import Tokenizer
+from bertforge.training import trainer
 from bertforge.training.precision import resolve
 
 from .common import machine, median, minilm_dir, wikitext_articles
@@ -97,6 +100,17 @@ def model_steps(size: str, tokenizer: Tokenizer, batch_size: int, steps: int, wa
     return result
 
 
+@contextlib.contextmanager
+def batches_built_in_the_loop():
+    """The loop as it ran before training/prefetch.py: every micro-batch built between two steps."""
+    original = trainer.Prefetcher
+    trainer.Prefetcher = lambda build, enabled: original(build, enabled=False)
+    try:
+        yield
+    finally:
+        trainer.Prefetcher = original
+
+
 def measure(sizes: list[str], batch_size: int, steps: int, e2e_steps: int) -> dict:
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
     work = Path(tempfile.mkdtemp(prefix="bf-gpu-train-"))
@@ -124,10 +138,14 @@ def measure(sizes: list[str], batch_size: int, steps: int, e2e_steps: int) -> di
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
         e2e = end_to_end(size, corpus, work, "auto", e2e_steps, batch_size)  # train_peak's, at --precision auto
+        with batches_built_in_the_loop():
+            in_loop = end_to_end(size, corpus, work / "in-loop", "auto", e2e_steps, batch_size)
         step = timed[auto]["bertforge"]
         row = {"size": size, "precision": f"auto ({auto})", "end_to_end_tokens_per_s": round(e2e),
                "end_to_end_share": round(e2e * tflop_per_token / peaks[auto], 3),
-               "end_to_end_over_model_step": round(e2e / step, 2)}
+               "end_to_end_over_model_step": round(e2e / step, 2),
+               "batches_built_in_the_loop_tokens_per_s": round(in_loop),
+               "prefetch_speedup": round(e2e / in_loop, 2)}
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
     return result
