@@ -13,6 +13,9 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
   scatters the tokens into padded rows and keeps [B, nh, T, T] scores; both with hashed dropout.
 - `loss`: the masked-LM loss on the native cross-entropy (`kernels/cross_entropy.cpp`) against
   torch's `F.cross_entropy(logits.float(), targets)`, which writes [M, V] float32 tensors.
+- `scratch` (fp32 only): the masked-LM decoder and loss in one autograd node with the float32 logits
+  and their gradient written into reused memory (`kernels/scratch.py`) against `F.linear` and the
+  native loss writing both into fresh pages every step.
 - `buckets` (bf16 only): the training loop's linears under bf16 autocast with their token counts
   rounded up to a bucket (`training/matmul.py`'s `BucketBF16`), so that oneDNN reuses its compiled
   primitives, against autocast's linears on each batch's own count.
@@ -28,7 +31,7 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
 
 Several changes joined by commas (`--change tied,ffn`) are measured together: all off against all on.
 
-    python -m benchmarks.train_ab --change dropout|attention|loss|buckets|ffn|norm|tied|amx[,...] [--sizes mini,base] [--steps 8]
+    python -m benchmarks.train_ab --change dropout|attention|loss|scratch|buckets|ffn|norm|tied|amx[,...] [--sizes mini,base] [--steps 8]
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ CHANGES = {
                   lambda: patch.object(layers, "fused_training", lambda module, q: False), "fused attention",
                   None, PRECISIONS),
     "loss": ("loss_ab", "torch's cross-entropy",
-             lambda: patch.object(heads, "cross_entropy", lambda logits, t: F.cross_entropy(logits.float(), t)),
+             lambda: _torch_loss(),
              "native cross-entropy", None, PRECISIONS),
+    "scratch": ("scratch_ab", "fresh logits", lambda: _scratch_off(), "logits in reused memory", None, ("fp32",)),
     "buckets": ("buckets_ab", "autocast's linears", None, "bucketed token counts", BucketBF16, ("bf16",)),
     "ffn": ("ffn_ab", "activation padded again", lambda: patch.object(matmul, "_ROWWISE", ()),
             "feed-forward kept padded", None, ("bf16",)),
@@ -73,6 +77,19 @@ CHANGES = {
              "one gradient matrix", None, PRECISIONS),
     "amx": ("amx_ab", "float32 FMAs", lambda: _amx_off(), "AMX tiles", None, ("bf16",)),
 }
+
+
+@contextlib.contextmanager
+def _torch_loss():
+    """torch's F.cross_entropy on float32 logits for the masked-LM loss while inside (the decoder too
+    back on its own F.linear, since the fused node would take the native loss)."""
+    with patch.object(heads, "cross_entropy", lambda logits, t: F.cross_entropy(logits.float(), t)), _scratch_off():
+        yield
+
+
+def _scratch_off():
+    """The masked-LM head's decoder and loss back to two steps on fresh memory while inside."""
+    return patch.object(heads, "linear_cross_entropy", lambda *args: None)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """The native masked-LM loss (`kernels.cross_entropy`) against torch's F.cross_entropy on float32
 logits: the loss and the gradient, fp32 and bf16 logits, vocabularies on both sides of the vector
-width, extreme logits, bad targets; and the model head using it."""
+width, extreme logits, bad targets; the decoder and loss in one node (`linear_cross_entropy`) on
+reused memory (`kernels.scratch`) against the two steps; and the model head using them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch.nn.functional as F
 import bertforge
 from bertforge import kernels
 from bertforge.kernels import cross_entropy as ce
+from bertforge.kernels.scratch import Scratch
+from bertforge.training.matmul import BucketBF16
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel with")
 
@@ -75,9 +78,124 @@ def test_the_masked_lm_head_uses_it(monkeypatch):
     labels = torch.full_like(ids, -100)
     labels[0, 3], labels[1, 7], labels[1, 8] = 11, 12, 13
     calls = []
-    native = ce.cross_entropy
-    monkeypatch.setattr("bertforge.models.heads.cross_entropy", lambda *a: calls.append(1) or native(*a))
-    out = model(input_ids=ids, labels=labels)
-    assert calls == [1]
+    native, fused = ce.cross_entropy, ce.linear_cross_entropy
+    monkeypatch.setattr("bertforge.models.heads.cross_entropy", lambda *a: calls.append("loss") or native(*a))
+    monkeypatch.setattr("bertforge.models.heads.linear_cross_entropy", lambda *a: calls.append("fused") or fused(*a))
+    out = model(input_ids=ids, labels=labels)  # grad enabled: the decoder and the loss in one node
+    with torch.no_grad():  # evaluation: no backward pass to save memory for, so the two steps
+        out_eval = model(input_ids=ids, labels=labels)
+    assert calls == ["fused", "fused", "loss"]  # (fused returned None under no_grad, then the loss ran)
     expected = F.cross_entropy(out.logits.float(), torch.tensor([11, 12, 13]))
     torch.testing.assert_close(out.loss, expected, atol=1e-6, rtol=1e-6)
+    # (no_grad may take the backbone's inference path, so the same to float rounding, not to the bit)
+    torch.testing.assert_close(out.logits.detach(), out_eval.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss.detach(), out_eval.loss, atol=1e-5, rtol=1e-5)
+
+
+def decoder_and_loss(fused: bool, x0, w0, b0, targets, scratch, use_logits: bool):
+    """Loss, logits and every gradient of the decoder and the loss, in one node or in two steps; with
+    use_logits the caller's own term on the logits adds to their gradient."""
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    b = None if b0 is None else b0.clone().requires_grad_()
+    if fused:
+        logits, loss = ce.linear_cross_entropy(x, w, b, targets, scratch)
+    else:
+        logits = F.linear(x, w, b)
+        loss = ce.cross_entropy(logits, targets)
+    total = loss + logits[:, :7].pow(2).sum() * 0.01 if use_logits else loss
+    total.backward()
+    return [loss.detach(), logits.detach().clone(), x.grad, w.grad] + ([] if b is None else [b.grad])
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("use_logits", [False, True], ids=["loss", "loss+logits"])
+def test_decoder_and_loss_in_one_node_give_the_two_steps_bits(bias, use_logits):
+    g = torch.Generator().manual_seed(3)
+    M, V, E = 37, 1000, 64
+    x, w = torch.randn(M, E, generator=g), torch.randn(V, E, generator=g) * 0.1
+    b = torch.randn(V, generator=g) * 0.1 if bias else None
+    targets = torch.randint(0, V, (M,), generator=g)
+    scratch = Scratch()
+    two_steps = decoder_and_loss(False, x, w, b, targets, scratch, use_logits)
+    for _ in range(2):  # the second time on the scratch's reused blocks
+        one_node = decoder_and_loss(True, x, w, b, targets, scratch, use_logits)
+        assert all(torch.equal(mine, theirs) for mine, theirs in zip(one_node, two_steps, strict=True))
+    assert len(scratch._blocks) == 2  # the logits and their gradient, reused the second time
+
+
+def test_one_node_only_where_nothing_else_takes_the_decoders_linear():
+    x, w = torch.randn(5, 8, requires_grad=True), torch.randn(20, 8)
+    targets = torch.randint(0, 20, (5,))
+
+    def applies() -> bool:
+        return ce.linear_cross_entropy(x, w, None, targets, Scratch()) is not None
+
+    class Recorder(torch.overrides.TorchFunctionMode):  # any mode that might route or record F.linear
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert applies()
+    with BucketBF16():  # acts under bf16 autocast only, and says so
+        assert applies()
+    with Recorder():
+        assert not applies()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not applies()
+    with torch.no_grad():
+        assert not applies()
+    assert ce.linear_cross_entropy(x.double(), w.double(), None, targets, Scratch()) is None
+
+
+def test_the_scratch_never_writes_over_memory_someone_holds():
+    scratch = Scratch(max_blocks=2)
+    first = scratch.take((4, 1000), torch.float32)
+    first.fill_(1.0)
+    second = scratch.take((4, 1000), torch.float32)  # `first` is held: another block
+    assert second.data_ptr() != first.data_ptr()
+    view = first[1:3]
+    del first
+    third = scratch.take((4, 1000), torch.float32)  # a view still holds the first block
+    assert third.data_ptr() not in (view.data_ptr() - 4000, second.data_ptr()) and len(scratch._blocks) == 2
+    assert torch.equal(view, torch.ones(2, 1000))  # untouched
+    del view, second
+    again = scratch.take((3, 1000), torch.float32)  # both kept blocks free now: the smallest that fits
+    assert any(again.data_ptr() == block.data_ptr() for block, _ in scratch._blocks)
+    copy = __import__("copy").deepcopy(scratch)  # a copied model's scratch starts empty
+    assert copy._blocks == [] and copy.max_blocks == 2
+
+
+def test_a_kept_logits_tensor_survives_the_next_training_step():
+    config = bertforge.BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=37, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = bertforge.BertForPreTraining(config).train()
+    ids = torch.randint(5, 500, (2, 12))
+    labels = torch.where(torch.rand(2, 12) < 0.4, ids, -100)
+    labels[0, 0] = ids[0, 0]
+    kept = []
+    for _ in range(3):
+        out = model(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1]))
+        out.loss.backward()
+        kept.append((out.logits, out.logits.detach().clone()))
+    assert all(torch.equal(logits.detach(), copy) for logits, copy in kept)
+    assert len({logits.data_ptr() for logits, _ in kept}) == 3
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_a_pretraining_step_is_the_same_bits_either_way(monkeypatch, tied):
+    config = bertforge.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=37, max_position_embeddings=64, tie_word_embeddings=tied)
+    ids = torch.randint(5, 300, (3, 16), generator=torch.Generator().manual_seed(1))
+    labels = torch.where(torch.rand(3, 16, generator=torch.Generator().manual_seed(2)) < 0.3, ids, -100)
+
+    def step() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = bertforge.BertForPreTraining(config).train()
+        out = model(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]))
+        out.loss.backward()
+        return [out.loss.detach(), out.logits.detach()] + [p.grad for p in model.parameters()]
+
+    one_node = step()
+    monkeypatch.setattr("bertforge.models.heads.linear_cross_entropy", lambda *a: None)
+    two_steps = step()
+    assert all(torch.equal(a, b) for a, b in zip(one_node, two_steps, strict=True))

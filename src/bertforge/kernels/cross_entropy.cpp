@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "simd.h"
@@ -112,14 +113,19 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy(const at::Tensor& logits, const
   return {losses, lse};
 }
 
+// into: where to write the gradient (the caller's reused memory, `kernels/scratch.py`), or none for a new tensor.
 at::Tensor cross_entropy_backward(const at::Tensor& grad, const at::Tensor& logits, const at::Tensor& targets,
-                                  const at::Tensor& lse) {
+                                  const at::Tensor& lse, const std::optional<at::Tensor>& into) {
   check_inputs(logits, targets);
   const int64_t M = logits.size(0), V = logits.size(1);
   TORCH_CHECK(grad.scalar_type() == at::kFloat && grad.is_contiguous() && grad.numel() == M &&
                   lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == M,
               "cross_entropy_backward: grad and lse must be contiguous float32 [M]");
-  at::Tensor out = at::empty_like(logits);
+  if (into.has_value())
+    TORCH_CHECK(into->scalar_type() == logits.scalar_type() && into->is_contiguous() && into->sizes() == logits.sizes() &&
+                    !into->is_same(logits),
+                "cross_entropy_backward: into must be a contiguous tensor of the logits' shape and dtype, not the logits");
+  at::Tensor out = into.has_value() ? *into : at::empty_like(logits);
   if (logits.scalar_type() == at::kFloat)
     backward_rows(grad.data_ptr<float>(), logits.data_ptr<float>(), targets.data_ptr<int64_t>(), lse.data_ptr<float>(),
                   out.data_ptr<float>(), M, V);
@@ -133,7 +139,7 @@ at::Tensor cross_entropy_backward(const at::Tensor& grad, const at::Tensor& logi
 
 TORCH_LIBRARY_FRAGMENT(bertforge, m) {
   m.def("cross_entropy(Tensor logits, Tensor targets) -> (Tensor, Tensor)");
-  m.def("cross_entropy_backward(Tensor grad, Tensor logits, Tensor targets, Tensor lse) -> Tensor");
+  m.def("cross_entropy_backward(Tensor grad, Tensor logits, Tensor targets, Tensor lse, Tensor? into=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bertforge, CPU, m) {

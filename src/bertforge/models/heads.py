@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..constants import IGNORE_INDEX
-from ..kernels.cross_entropy import cross_entropy
+from ..kernels.cross_entropy import cross_entropy, linear_cross_entropy
+from ..kernels.scratch import Scratch
 from .bert import BertModel, BertPreTrainedModel
 from .config import BertConfig
 from .layers import Dropout, activation
@@ -85,6 +86,8 @@ class MaskedLMHead(nn.Module):
         # BERT ties the decoder to the word embeddings. A checkpoint with `tie_word_embeddings: false`
         # has its own [V, E] decoder matrix (cls.predictions.decoder.weight), kept here.
         self.decoder = None if config.tie_word_embeddings else nn.Linear(E, config.vocab_size, bias=False)
+        # Reused memory for the fp32 training logits and their gradient (35 MB each at BERT's vocabulary).
+        self.scratch = Scratch()
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         """hidden: float [..., H]; word_embeddings: float [V, E] (used when tied) -> logits float [..., V]."""
@@ -102,8 +105,13 @@ class MaskedLMHead(nn.Module):
         if labels is None:
             return self(hidden, word_embeddings), None
         selected = labels != IGNORE_INDEX  # (B, T)
-        logits = self(hidden[selected], word_embeddings)  # (N, V): gather first, then project
         targets = labels[selected]  # (N,)
+        if targets.numel() > 0:  # gather first, then project
+            weight = word_embeddings if self.decoder is None else self.decoder.weight
+            fused = linear_cross_entropy(self.transform(hidden[selected]), weight, self.bias, targets, self.scratch)
+            if fused is not None:  # fp32 training on the CPU: the decoder and the loss in one node
+                return fused
+        logits = self(hidden[selected], word_embeddings)  # (N, V)
         if targets.numel() == 0:  # nothing masked in this batch: a zero loss that still has a graph
             return logits, logits.sum() * 0.0
         # torch's F.cross_entropy(logits.float(), targets), without its [N, V] float32 intermediates.

@@ -271,6 +271,10 @@ class BucketBF16(TorchFunctionMode):
     widest activation again ([N, 4H]) and zero-filling its gradient's padding in the backward pass.
     """
 
+    # It acts under bf16 autocast only, so the masked-LM head may fuse its fp32 decoder with the loss
+    # under it (`kernels/cross_entropy.py`'s `linear_cross_entropy`).
+    leaves_fp32_linear = True
+
     def __init__(self) -> None:
         super().__init__()
         # The last input padded, and its copy: query, key and value come one after another with the
