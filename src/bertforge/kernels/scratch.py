@@ -18,6 +18,7 @@ another block, or fresh memory when `max_blocks` are all held.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
@@ -49,10 +50,7 @@ class Scratch:
         """An uninitialised contiguous CPU tensor of `shape` and `dtype`, on a reused block when one is
         free and large enough (the smallest such), else on a new block kept for next time (replacing the
         smallest free one when all `max_blocks` are kept), else (every block held) on fresh memory."""
-        numel = 1
-        for size in shape:
-            numel *= size
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         if _use_count is None or nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         with self._lock:
