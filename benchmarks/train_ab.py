@@ -13,9 +13,10 @@ WikiText-2 pairs, AdamW), per size and precision. `--change` picks the kernel:
   scatters the tokens into padded rows and keeps [B, nh, T, T] scores; both with hashed dropout.
 - `loss`: the masked-LM loss on the native cross-entropy (`kernels/cross_entropy.cpp`) against
   torch's `F.cross_entropy(logits.float(), targets)`, which writes [M, V] float32 tensors.
-- `scratch` (fp32 only): the masked-LM decoder and loss in one autograd node with the float32 logits
-  and their gradient written into reused memory (`kernels/scratch.py`) against `F.linear` and the
-  native loss writing both into fresh pages every step.
+- `scratch`: the masked-LM decoder's largest tensors on reused memory (`kernels/scratch.py`) against
+  fresh pages every step. fp32: the decoder and loss in one autograd node whose logits, their
+  gradient and the [V, E] weight's gradient go there; bf16: the weight's bf16 copy and its gradient's
+  float32 copy back (autocast's cast, made by the head).
 - `buckets` (bf16 only): the training loop's linears under bf16 autocast with their token counts
   rounded up to a bucket (`training/matmul.py`'s `BucketBF16`), so that oneDNN reuses its compiled
   primitives, against autocast's linears on each batch's own count.
@@ -67,7 +68,7 @@ CHANGES = {
     "loss": ("loss_ab", "torch's cross-entropy",
              lambda: _torch_loss(),
              "native cross-entropy", None, PRECISIONS),
-    "scratch": ("scratch_ab", "fresh logits", lambda: _scratch_off(), "logits in reused memory", None, ("fp32",)),
+    "scratch": ("scratch_ab", "fresh memory", lambda: _scratch_off(), "reused memory", None, PRECISIONS),
     "buckets": ("buckets_ab", "autocast's linears", None, "bucketed token counts", BucketBF16, ("bf16",)),
     "ffn": ("ffn_ab", "activation padded again", lambda: patch.object(matmul, "_ROWWISE", ()),
             "feed-forward kept padded", None, ("bf16",)),
@@ -87,9 +88,13 @@ def _torch_loss():
         yield
 
 
+@contextlib.contextmanager
 def _scratch_off():
-    """The masked-LM head's decoder and loss back to two steps on fresh memory while inside."""
-    return patch.object(heads, "linear_cross_entropy", lambda *args: None)
+    """The masked-LM head's decoder and loss back to two steps, and autocast's own weight cast, on fresh
+    memory while inside."""
+    with patch.object(heads, "linear_cross_entropy", lambda *args: None), \
+            patch.object(heads, "cast", lambda weight, dtype, scratch: weight):
+        yield
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ reused memory (`kernels.scratch`) against the two steps; and the model head usin
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 
 import pytest
@@ -120,7 +121,9 @@ def test_decoder_and_loss_in_one_node_give_the_two_steps_bits(bias, use_logits):
     for _ in range(2):  # the second time on the scratch's reused blocks
         one_node = decoder_and_loss(True, x, w, b, targets, scratch, use_logits)
         assert all(torch.equal(mine, theirs) for mine, theirs in zip(one_node, two_steps, strict=True))
-    assert len(scratch._blocks) == 2  # the logits and their gradient, reused the second time
+    # The weight's gradient is the scratch's memory, taken by autograd as it is (no copy).
+    assert any(one_node[3].data_ptr() == block.data_ptr() for block, _ in scratch._blocks)
+    assert len(scratch._blocks) <= scratch.max_blocks
 
 
 def test_one_node_only_where_nothing_else_takes_the_decoders_linear():
@@ -181,21 +184,32 @@ def test_a_kept_logits_tensor_survives_the_next_training_step():
     assert len({logits.data_ptr() for logits, _ in kept}) == 3
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_a_pretraining_step_is_the_same_bits_either_way(monkeypatch, tied):
+def test_a_pretraining_step_is_the_same_bits_either_way(monkeypatch, tied, precision):
+    """fp32: the decoder and loss in one node; bf16 (autocast, bucketed linears as the loop runs them): the
+    head's own cast of the decoder weight. Both against the plain ops, and the [V, E] weight's gradient
+    on the scratch's memory, taken by autograd without a copy."""
     config = bertforge.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=37, max_position_embeddings=64, tie_word_embeddings=tied)
     ids = torch.randint(5, 300, (3, 16), generator=torch.Generator().manual_seed(1))
     labels = torch.where(torch.rand(3, 16, generator=torch.Generator().manual_seed(2)) < 0.3, ids, -100)
 
-    def step() -> list[torch.Tensor]:
+    def step() -> tuple[list[torch.Tensor], bool]:
         torch.manual_seed(0)
         model = bertforge.BertForPreTraining(config).train()
-        out = model(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]))
+        context = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+        with context, BucketBF16():
+            out = model(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]))
         out.loss.backward()
-        return [out.loss.detach(), out.logits.detach()] + [p.grad for p in model.parameters()]
+        blocks = {block.data_ptr() for block, _ in model.mlm.scratch._blocks}
+        grads = [p.grad for p in model.parameters()]
+        return [out.loss.detach(), out.logits.detach()] + grads, any(g.data_ptr() in blocks for g in grads)
 
-    one_node = step()
+    reused, on_scratch = step()
+    assert on_scratch
     monkeypatch.setattr("bertforge.models.heads.linear_cross_entropy", lambda *a: None)
-    two_steps = step()
-    assert all(torch.equal(a, b) for a, b in zip(one_node, two_steps, strict=True))
+    monkeypatch.setattr("bertforge.models.heads.cast", lambda weight, dtype, scratch: weight)
+    fresh, on_scratch = step()
+    assert not on_scratch
+    assert all(torch.equal(a, b) for a, b in zip(reused, fresh, strict=True))

@@ -77,7 +77,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if grad is None:
             return None, None, None, None, None, None
         dx = grad.mm(weight) if ctx.needs_input_grad[0] else None
-        dw = grad.t().mm(x) if ctx.needs_input_grad[1] else None
+        # The [V, E] weight's gradient (94 MB at `base`) on scratch memory too; autograd takes it as the
+        # parameter's gradient, and the block comes back once that gradient is dropped (zero_grad).
+        dw = torch.mm(grad.t(), x, out=ctx.scratch.take(tuple(weight.shape), weight.dtype)) \
+            if ctx.needs_input_grad[1] else None
         db = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None, None, None
 

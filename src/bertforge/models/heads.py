@@ -20,7 +20,7 @@ from torch import nn
 
 from ..constants import IGNORE_INDEX
 from ..kernels.cross_entropy import cross_entropy, linear_cross_entropy
-from ..kernels.scratch import Scratch
+from ..kernels.scratch import Scratch, cast
 from .bert import BertModel, BertPreTrainedModel
 from .config import BertConfig
 from .layers import Dropout, activation
@@ -106,16 +106,26 @@ class MaskedLMHead(nn.Module):
             return self(hidden, word_embeddings), None
         selected = labels != IGNORE_INDEX  # (B, T)
         targets = labels[selected]  # (N,)
-        if targets.numel() > 0:  # gather first, then project
-            weight = word_embeddings if self.decoder is None else self.decoder.weight
-            fused = linear_cross_entropy(self.transform(hidden[selected]), weight, self.bias, targets, self.scratch)
+        weight = word_embeddings if self.decoder is None else self.decoder.weight
+        x = self.transform(hidden[selected])  # (N, E): gather first, then project
+        if targets.numel() > 0:
+            fused = linear_cross_entropy(x, weight, self.bias, targets, self.scratch)
             if fused is not None:  # fp32 training on the CPU: the decoder and the loss in one node
                 return fused
-        logits = self(hidden[selected], word_embeddings)  # (N, V)
+        if _bf16_training_on_cpu(weight):  # autocast's bf16 copy of the [V, E] weight, on reused memory
+            weight = cast(weight, torch.bfloat16, self.scratch)
+        logits = F.linear(x, weight, self.bias)  # (N, V)
         if targets.numel() == 0:  # nothing masked in this batch: a zero loss that still has a graph
             return logits, logits.sum() * 0.0
         # torch's F.cross_entropy(logits.float(), targets), without its [N, V] float32 intermediates.
         return logits, cross_entropy(logits, targets)
+
+
+def _bf16_training_on_cpu(weight: torch.Tensor) -> bool:
+    """Whether CPU bf16 autocast would cast this float32 weight for a product that autograd records."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.is_grad_enabled()
+            and weight.requires_grad and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not torch.compiler.is_compiling())
 
 
 class ClassificationHead(nn.Module):

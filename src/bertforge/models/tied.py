@@ -110,7 +110,8 @@ class TiedEmbedding(nn.Embedding):
     def decoder_weight(self) -> torch.Tensor:
         """The [V, E] matrix for a tied decoder: `weight` itself, whose gradient the last lookup adds into.
 
-        It must go straight into the decoder's product (F.linear, or autocast's cast before it): the
+        It must go straight into the decoder's product (F.linear, or a cast before it: autocast's, or
+        `kernels.scratch.cast`, whose gradients are their own new tensors): the
         lookup adds into the gradient that product returns, in place, which is the decoder's own."""
         if not self._tracked():
             return self.weight
