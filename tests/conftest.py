@@ -31,6 +31,12 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 # of their own, not the user's ~/.cache. Subprocesses inherit it, so a test's runs agree with each other.
 os.environ["BERTFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertforge-test-cache-")
 atexit.register(shutil.rmtree, os.environ["BERTFORGE_CACHE_DIR"], True)
+# JAX compiles each training and evaluation step anew in every process, ~10-20 s on 2 cores; a test
+# that runs `--backend jax` three times (a run, a killed run, its resume) compiled the same steps
+# three times. XLA's persistent cache gives the later runs the first one's executables (the same
+# code, so the same bits), in a directory of this session's own.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertforge-test-jax-")
+atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 # The tests that compare runs bit for bit add this to the torch runs they start: on a GPU, bitwise
 # repeatability needs deterministic kernels (training/determinism.py); CPU runs have it as they are.
 GPU_DETERMINISTIC = ["--deterministic"] if torch.cuda.is_available() else []
