@@ -86,7 +86,8 @@ class MaskedLMHead(nn.Module):
         # BERT ties the decoder to the word embeddings. A checkpoint with `tie_word_embeddings: false`
         # has its own [V, E] decoder matrix (cls.predictions.decoder.weight), kept here.
         self.decoder = None if config.tie_word_embeddings else nn.Linear(E, config.vocab_size, bias=False)
-        # Reused memory for the fp32 training logits and their gradient (35 MB each at BERT's vocabulary).
+        # Reused memory for training's largest tensors here (kernels/scratch.py): the fp32 logits and their
+        # gradient (35 MB each at BERT's vocabulary), the [V, E] weight's gradient, bf16's copy of the weight.
         self.scratch = Scratch()
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
