@@ -84,10 +84,14 @@ def operands(args: tuple) -> list:
     return [make(a) for a in args]
 
 
+def call_operands(args: tuple, kwargs: tuple) -> tuple[list, dict]:
+    """A recorded call's positional and keyword operands (an `out=` tensor among them), made fresh."""
+    return operands(args), dict(zip((k for k, _ in kwargs), operands(tuple(v for _, v in kwargs))))
+
+
 def replay_seconds(func, args: tuple, kwargs: tuple, repeats: int) -> float:
     """Median seconds of one recorded call on fresh tensors of the same shapes, strides and dtype."""
-    real = operands(args)
-    kw = dict(zip((k for k, _ in kwargs), operands(tuple(v for _, v in kwargs))))
+    real, kw = call_operands(args, kwargs)
     func(*real, **kw)
     times = []
     for _ in range(repeats):
@@ -102,8 +106,7 @@ def sustained_rounds(calls: Counter, dtype: torch.dtype, seconds: float, n: int 
     once), alternating with one n x n x n matmul in `dtype` (the peak's), for `seconds`: the
     (replay seconds, peak matmul seconds) of each round in the second half. Alternating them makes a
     drift of the machine reach both, so their ratio round by round is what the host allows."""
-    work = [(func, operands(args), dict(zip((k for k, _ in kwargs), operands(tuple(v for _, v in kwargs)))), count)
-            for (func, args, kwargs), count in calls.items()]
+    work = [(func, *call_operands(args, kwargs), count) for (func, args, kwargs), count in calls.items()]
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     rounds, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds or len(rounds) < 6:
@@ -171,10 +174,9 @@ def main() -> None:
                 row["sustained_peak_gflops"] = round(gemm / median([p for _, p in rounds]) / 1e9)
                 # round by round, the step's matmuls against the 2048^2 matmul right after them: the
                 # share a step of nothing but its matmuls would show, kept up as training keeps it
-                row["sustained_ceiling_share"] = round(median(
-                    [credited / r / (gemm / p / 1e9) for r, p in rounds]), 3)
-                row["sustained_ceiling_range"] = [round(min(credited / r / (gemm / p / 1e9) for r, p in rounds), 3),
-                                                  round(max(credited / r / (gemm / p / 1e9) for r, p in rounds), 3)]
+                shares = [credited / r / (gemm / p / 1e9) for r, p in rounds]
+                row["sustained_ceiling_share"] = round(median(shares), 3)
+                row["sustained_ceiling_range"] = [round(min(shares), 3), round(max(shares), 3)]
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
     print("saved", save("train_ceiling", result))
