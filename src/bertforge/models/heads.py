@@ -92,8 +92,11 @@ class MaskedLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         """hidden: float [..., H]; word_embeddings: float [V, E] (used when tied) -> logits float [..., V]."""
-        weight = word_embeddings if self.decoder is None else self.decoder.weight
-        return F.linear(self.transform(hidden), weight, self.bias)
+        return F.linear(self.transform(hidden), self._decoder_weight(word_embeddings), self.bias)
+
+    def _decoder_weight(self, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """The [V, E] decoder matrix: the word embeddings when tied, else the head's own."""
+        return word_embeddings if self.decoder is None else self.decoder.weight
 
     def predict(self, hidden: torch.Tensor, word_embeddings: torch.Tensor,
                 labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -107,7 +110,7 @@ class MaskedLMHead(nn.Module):
             return self(hidden, word_embeddings), None
         selected = labels != IGNORE_INDEX  # (B, T)
         targets = labels[selected]  # (N,)
-        weight = word_embeddings if self.decoder is None else self.decoder.weight
+        weight = self._decoder_weight(word_embeddings)
         x = self.transform(hidden[selected])  # (N, E): gather first, then project
         if targets.numel() > 0:
             fused = linear_cross_entropy(x, weight, self.bias, targets, self.scratch)
