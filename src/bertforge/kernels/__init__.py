@@ -22,10 +22,12 @@ Eight kernels, built together into one library (`simd.h` holds what they share, 
 - `residual_layer_norm`: a post-LN block's residual add and LayerNorm for training, forward and
   backward in one pass each (`residual_norm.cpp`; the autograd wrapper is `kernels.residual_norm`).
 
-They are built with PyTorch's own extension
-tooling (`torch.utils.cpp_extension.load`: a C++ compiler and ninja), once per machine, into
-PyTorch's extension cache (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions);
-about 35-55 s on a 2-core machine (eight sources, 2026-11-26), then a load of a few milliseconds.
+They are compiled with PyTorch's own extension tooling (a C++ compiler and ninja) on the machine
+that runs them, once, into PyTorch's extension cache (`TORCH_EXTENSIONS_DIR`, by default
+~/.cache/torch_extensions): about 40-55 s on a 2-core machine, said on stderr while it lasts, then a
+load of a few milliseconds. `kernels/build.py` keeps that cache: what names a build, the lock that
+lets one process build while the others wait, and the progress lines. `bertforge kernels build`
+compiles them ahead of time (images, CI); `bertforge kernels` says what the cache holds.
 
 Where they cannot be built (no compiler) bertforge says so once and runs them in PyTorch ops
 instead: inference attention and the loss give the same numbers within float rounding (attention
@@ -41,78 +43,50 @@ are drawn over another layout.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
-import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 import torch
+
+from ..errors import Stopped
+from . import build
 
 log = logging.getLogger(__name__)
 
 SWITCH = "BERTFORGE_NATIVE_KERNELS"
-_SOURCES = [Path(__file__).with_name(name) for name in ("varlen_attention.cpp", "disentangled_attention.cpp",
-                                                     "attention_train.cpp", "dropout.cpp", "cross_entropy.cpp",
-                                                     "layer_norm.cpp", "rotary.cpp", "residual_norm.cpp")]
-_HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "attention_blocks.h", "amx.h")]
-# -fopenmp: at::parallel_for is inline and, in OpenMP builds of torch, an `omp parallel` region;
-# without the flag it runs on one thread. No OpenMP library is linked: the symbols resolve to the
-# one torch already loaded, so the process keeps a single thread pool.
-# Compiler flags for the vector ISA ATen itself detected (and would use): the kernel's vector
-# types then lower to that width. Any other CPU gets the compiler's defaults.
-_ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma"],
-              "AVX2": ["-mavx2", "-mfma"]}
+# What the last `library()` call found: "cached", "compiled", "off" or "unavailable", and the seconds a
+# compile (or a wait for another process's) took. A run's summary reports the compile apart from training.
+status: dict[str, Any] = {"state": None, "compile_seconds": None}
 
 
-def isa() -> str:
-    """ATen's CPU capability ("AVX512", "AVX2", "DEFAULT", ...): one build per capability, so a
-    cache shared by different machines never hands one a binary its CPU cannot run."""
-    return torch.backends.cpu.get_cpu_capability()
-
-
-STALE_LOCK_S = 600  # a build takes seconds; a lock this old was left by a process that died
-
-
-def _clear_stale_lock(lock: Path) -> None:
-    """torch's build lock is a file that a killed build leaves behind, and the next build waits on
-    it forever; one older than any build could take is removed, saying so."""
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_LOCK_S:
-        log.warning("removing %s, left %.0f s ago by a kernel build that did not finish", lock, age)
-        lock.unlink(missing_ok=True)
+def enabled() -> bool:
+    """False when BERTFORGE_NATIVE_KERNELS=0 chose the PyTorch paths."""
+    return os.environ.get(SWITCH, "1") != "0"
 
 
 @functools.cache
 def library() -> bool:
-    """Build (once per machine) or load the native kernels; False where they cannot be had."""
-    if os.environ.get(SWITCH, "1") == "0":
-        return False
-    capability = isa()
-    # torch rebuilds when a source's text changes, but not a header's: the name carries them all.
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)).hexdigest()[:10]
-    name = f"bertforge_kernels_{capability.lower()}_{digest}"
-    start = time.perf_counter()
-    try:
-        from torch.utils.cpp_extension import _get_build_directory, load
+    """Build (once per machine) or load the native kernels; False where they cannot be had.
 
-        build_dir = Path(_get_build_directory(name, verbose=False))
-        _clear_stale_lock(build_dir / "lock")
-        if not (build_dir / f"{name}.so").exists():  # a first start pauses here; say why (with -v)
-            log.info("compiling bertforge's native kernels for this machine (%s), once: about half a minute", capability)
-        load(name=name, sources=[str(source) for source in _SOURCES],
-             extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS.get(capability, [])], is_python_module=False, verbose=False)
-    except Exception as error:  # no compiler or no ninja: slower paths, not wrong ones
+    Never raises: a missing source, no compiler or a failed compile is one warning line and the
+    PyTorch paths (the same numbers, slower)."""
+    if not enabled():
+        status.update(state="off", compile_seconds=None)
+        return False
+    try:
+        seconds = build.load(build.current())
+    except Stopped:  # a signal ended the wait for another process's build: the run stops, as asked
+        raise
+    except Exception as error:  # noqa: BLE001  no compiler, no ninja, an incomplete install: slower paths, not wrong ones
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         log.warning("bertforge's native kernels could not be built (%s); attention, dropout and the "
                     "masked-LM loss run in PyTorch ops instead (the same numbers, slower). Set %s=0 "
                     "to skip this attempt.", reason, SWITCH)
+        status.update(state="unavailable", compile_seconds=None)
         return False
-    log.debug("native kernels ready (%s) in %.1f s", capability, time.perf_counter() - start)
+    status.update(state="cached" if seconds is None else "compiled", compile_seconds=seconds)
     return True
 
 
