@@ -159,6 +159,10 @@ class JaxTrainer(Trainer):
         self._place()
         return state
 
+    def _ready_kernels(self) -> None:
+        """XLA compiles the step itself (`compile_seconds`); the native CPU kernels are torch's."""
+        return None
+
     def _sync(self) -> None:
         """Copy the JAX weights into the torch model."""
         self.model.load_state_dict(torch_state(self.jax_model, self.model))

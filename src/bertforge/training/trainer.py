@@ -30,8 +30,9 @@ from typing import Any, Protocol
 
 import torch
 
-from .. import invocation
+from .. import invocation, kernels
 from ..errors import BertforgeError, NothingToDo, Stopped
+from ..heartbeat import phase
 from ..jsonfile import dumps
 from ..runconfig import TrainConfig, parse_duration  # noqa: F401  (re-exported)
 from . import distributed as dist
@@ -172,7 +173,7 @@ class Trainer:
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train to the stopping rule. SIGTERM, SIGINT and SIGUSR1 (what schedulers and Ctrl-C send) end the
         current optimizer step, save a checkpoint and raise `Stopped`, naming it and the command that resumes."""
-        with _StopSignals() as signals:
+        with _StopSignals() as signals, phase("training"):
             self._signals = signals
             try:
                 return self._fit(resume)
@@ -202,6 +203,7 @@ class Trainer:
                 f"{c.batch_size}, fewer than one optimizer step needs ({c.grad_accum * self.world}); "
                 "use more text or a smaller --batch-size")
         main = dist.is_main()
+        kernel_seconds = self._ready_kernels()  # before the clock: a time budget counts training alone
         bar = self._progress_bar(step) if main and c.progress else None
         window = _Window()
         last_eval: dict[str, float] = {}
@@ -285,9 +287,20 @@ class Trainer:
             self._track_best(last_eval, step)
         return {"step": step, "stop": stop_reason, "eval": last_eval, "elapsed": self.state["elapsed"],
                 "best": self.state["best"], "best_step": self.state["best_step"],
-                "best_metrics": self.state.get("best_metrics")}
+                "best_metrics": self.state.get("best_metrics"), "kernel_compile_seconds": kernel_seconds}
 
     # ------------------------------------------------------------------ the engine
+    def _ready_kernels(self) -> float | None:
+        """Load the native CPU kernels, compiling them first on a machine that has none yet (about 45 s on two
+        cores, said on stderr). Done before the loop's clock starts, so that a first run's compile does not
+        eat its --time-budget. Returns the seconds this call spent compiling (or waiting for another
+        process's compile), None when nothing was compiled."""
+        if self.device.type != "cpu":
+            return None
+        first = kernels.library.cache_info().currsize == 0  # not yet tried in this process
+        kernels.library()
+        return kernels.status["compile_seconds"] if first else None
+
     # What a backend supplies: the optimizer, one optimizer step, its checkpoint files, and the
     # weights as a torch state dict. The JAX loop (`jax/loop.py`) overrides these and nothing else.
     def _make_optimizer(self):
@@ -410,7 +423,7 @@ class Trainer:
             model = dist.unwrap(self.train_model)
             was = model.training
             model.eval()
-            with torch.no_grad():
+            with torch.no_grad(), phase("evaluating"):
                 result = self.task.evaluate(model)
             model.train(was)
         dist.barrier()
@@ -450,7 +463,8 @@ class Trainer:
         return tqdm(total=self.state["horizon"], initial=initial, unit="step", dynamic_ncols=True, desc="train")
 
 
-REPORT_EVERY_S = 30.0  # seconds between progress lines on stderr when no progress bar is shown
+REPORT_EVERY_S = 20.0  # seconds between progress lines on stderr when no progress bar is shown (under the 30 s
+# a piped run promises, `heartbeat.py`, whose watchdog covers a step or an evaluation that takes longer)
 
 
 class _StopSignals:
