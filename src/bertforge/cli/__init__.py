@@ -21,6 +21,7 @@ import typer
 
 from .. import __version__, invocation
 from ..errors import BertforgeError
+from ..heartbeat import watch_stderr
 from ..safefiles import ENVIRONMENT_ERRNOS
 from .commands import app
 
@@ -62,6 +63,8 @@ def _exit_now(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a real process (not a test calling in): a piped run is never silent for long
+        watch_stderr()
     logging.basicConfig(level=logging.WARNING, format="bertforge: %(levelname)s: %(message)s", force=True)
     command = build_command()
     args = sys.argv[1:] if argv is None else list(argv)

@@ -17,6 +17,7 @@ import typer
 
 from ..constants import INFERENCE_BACKENDS
 from ..errors import BertforgeError
+from ..heartbeat import phase
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
 from ..runconfig import TASKS, DistillConfig, DistillMLMConfig, FinetuneConfig, PretrainConfig
@@ -34,6 +35,9 @@ distill_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 app.add_typer(tokenizer_app, name="tokenizer", help="train a WordPiece vocabulary")
 app.add_typer(export_app, name="export", help="export a model to ONNX (checked against ONNX Runtime)")
 app.add_typer(score_app, name="score", help="score prediction files with the official metrics")
+kernels_app = typer.Typer(rich_markup_mode=None, invoke_without_command=True,
+                          help="The native CPU kernels: what the cache holds (the default), or build them now.")
+app.add_typer(kernels_app, name="kernels", help="the native CPU kernels: their cache's state, or build them ahead of time")
 app.add_typer(distill_app, name="distill", help="distil a model into a smaller student (classify, regress, ner, qa, mlm)")
 
 
@@ -114,9 +118,10 @@ def tokenizer_train(files: list[str], *, out: str, kind: Literal["wordpiece", "b
     from ..lockfile import lock_directory
 
     lock_directory(target)  # one writer: a second `tokenizer train` into the same --out is refused by name
-    tok = train_tokenizer(kind, row.tokenizer_class, files=files, vocab_size=vocab_size,
-                          min_frequency=2 if min_frequency is None else min_frequency, lowercase=not cased,
-                          show_progress=sys.stderr.isatty())
+    with phase("training the vocabulary"):
+        tok = train_tokenizer(kind, row.tokenizer_class, files=files, vocab_size=vocab_size,
+                              min_frequency=2 if min_frequency is None else min_frequency, lowercase=not cased,
+                              show_progress=sys.stderr.isatty())
     tok.save(target)
     lowercase = kind == "wordpiece" and not cased
     result = {"out": str(target), "kind": kind, "arch": row.model_type, "tokenizer_class": row.tokenizer_class,
@@ -164,8 +169,9 @@ def prepare(corpus: list[str], *, out: str, tokenizer: str, workers: int | None 
     tok = load_tokenizer(tokenizer)
     lock_beside(Path(out))
     options = CorpusOptions(doc_per_file=doc_per_file, text_field=text_field, encoding_errors=encoding_errors)
-    meta = prepare_shards(corpus, out, tok, options, workers=workers,
-                          shard_tokens=shard_tokens, progress=sys.stderr.isatty())
+    with phase("preparing the data"):
+        meta = prepare_shards(corpus, out, tok, options, workers=workers,
+                              shard_tokens=shard_tokens, progress=sys.stderr.isatty())
     show({k: meta[k] for k in ("documents", "sentences", "tokens", "seconds")} | {"out": out}, json,
          "corpus prepared")
 
@@ -538,3 +544,66 @@ def demo(*, out: str = "bertforge-demo", model: str = "tiny", seed: int = 0, ove
     from .demo import run_demo
 
     run_demo(Path(out), preset=model, seed=seed, overwrite=overwrite)
+
+
+@kernels_app.callback()
+def _kernels(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:  # `bertforge kernels` alone: the cache's state
+        kernels_status(json=False)
+
+
+@command(kernels_app, "status")
+def kernels_status(*, json: bool = False) -> None:
+    """Say whether this machine's native kernels are built, being built (and by whom), or not yet.
+
+    The build for this install, torch, compiler and CPU lives in one folder of PyTorch's extension cache
+    (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions); the report names it, and the other
+    bertforge builds there (other versions, torches or compilers).
+
+    Args:
+        json: print one JSON object instead of a summary
+    """
+    from .. import kernels
+
+    info = kernels_report(kernels)
+    show(info, json, f"native kernels: {info['state']}")
+
+
+def kernels_report(kernels: Any) -> dict[str, Any]:
+    """The state of this install's kernel build, as `bertforge kernels` prints it."""
+    if not kernels.enabled():
+        return {"state": "off", "why": f"{kernels.SWITCH}=0 is set: the PyTorch paths run instead"}
+    try:
+        build = kernels.build.current()
+    except kernels.build.SourcesMissing as exc:
+        return {"state": "unavailable", "why": str(exc)}
+    info = kernels.build.describe(build)
+    others = sorted(p.name for p in kernels.build.cache_root().glob("bertforge_kernels_*")
+                    if p.is_dir() and p.name != build.name)
+    return {"state": info.pop("state"), **info, "other_builds": others}
+
+
+@command(kernels_app, "build")
+def kernels_build(*, json: bool = False) -> int:
+    """Compile the native kernels now (for images and CI), or load them if they are built already.
+
+    Waits for another process that is building them, takes over a build that was killed midway, and exits
+    1 with one line when they cannot be built (no compiler, an incomplete install): bertforge then runs
+    the PyTorch paths, with the same numbers, slower.
+
+    Args:
+        json: print one JSON object instead of a summary
+    """
+    from .. import kernels
+
+    if not kernels.enabled():
+        raise BertforgeError(f"{kernels.SWITCH}=0 is set: nothing to build; unset it to build the native kernels")
+    if not kernels.library():  # the warning line above says why
+        print("bertforge: the native kernels were not built", file=sys.stderr)
+        return 1
+    info = kernels_report(kernels)
+    info["compile_seconds"] = (None if kernels.status["compile_seconds"] is None
+                               else round(kernels.status["compile_seconds"], 1))
+    show(info, json, "native kernels: " + ("compiled" if kernels.status["state"] == "compiled" else "already built"))
+    return 0
+

@@ -1,0 +1,185 @@
+"""The native kernels' cache (`kernels/build.py`): what names a build, one builder at a time, a killed
+build taken over at once, and a first run that says what it is doing and never goes quiet.
+
+Two tests here compile the kernels for real into an empty cache (~45 s each on 2 cores): the
+behaviour under test is what a first run and a killed build do, and nothing short of a compile
+shows it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bertforge import kernels
+from bertforge.kernels import build
+
+from conftest import REPO
+
+
+def test_the_build_name_covers_sources_headers_compiler_and_flags(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    base = build.current()
+    assert base.folder.parent == tmp_path / "cache" and base.name.startswith(f"bertforge_kernels_{base.isa.lower()}_")
+    # A header's text changes the name (torch's own rebuild check looks at the sources alone).
+    copy = tmp_path / "kernels"
+    copy.mkdir()
+    for name in build.SOURCES + build.HEADERS:
+        shutil.copy(build.HERE / name, copy / name)
+    monkeypatch.setattr(build, "HERE", copy)
+    assert build.current().name == base.name  # the same text elsewhere: the same build
+    (copy / "simd.h").write_text((copy / "simd.h").read_text() + "\n// changed\n")
+    assert build.current().name != base.name
+    monkeypatch.setattr(build, "HERE", build.Path(kernels.__file__).parent)
+    # Another compiler is another build; the flags and torch's version are in the inputs' part.
+    fake = tmp_path / "bin" / "c++"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    other = build.current()
+    assert other.inputs == base.inputs and other.name != base.name
+    monkeypatch.setattr(build, "ISA_FLAGS", {base.isa: ["-O1"]})
+    assert build.current().inputs != base.inputs
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build.torch, "__version__", "0.0.0-other")
+    assert build.current().inputs != base.inputs
+
+
+def test_without_a_compiler_a_finished_build_of_the_same_inputs_still_loads(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    made = build.current()
+    made.folder.mkdir(parents=True)
+    made.library.write_bytes(b"")  # stands for the library; only the marker makes it a finished build
+    assert not made.is_built()
+    monkeypatch.setenv("CXX", str(tmp_path / "gone"))
+    assert build.current().name.endswith("_nocxx")  # an unfinished build is never picked
+    made.marker.write_text("{}")
+    assert build.current().name == made.name and build.current().compiler is None
+
+
+def test_kernels_status_reports_the_cache_in_text_and_json(tmp_path):
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "bertforge", "kernels", "status", "--json"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    info = json.loads(run.stdout)
+    assert info["state"] == "not built" and info["folder"].startswith(str(tmp_path)) and info["other_builds"] == []
+    run = subprocess.run([sys.executable, "-m", "bertforge", "kernels"], capture_output=True, text=True,
+                         env={**env, "BERTFORGE_NATIVE_KERNELS": "0"}, timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("native kernels: off"), run.stdout + run.stderr
+
+
+class Lines:
+    """A process's stderr, line by line, each with the seconds since the process started."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=cwd, start_new_session=True)
+        self.lines: list[tuple[float, str]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # never let a full pipe block it
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
+
+    def wait_for(self, pattern: str, timeout: float) -> tuple[float, str] | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for item in list(self.lines):
+                if re.search(pattern, item[1]):
+                    return item
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                return None
+            time.sleep(0.05)
+        return None
+
+    def finish(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self.reader.join(10)
+        return code
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+
+def _tree(root: Path) -> Path:
+    """A second source tree of this bertforge (its own copy of the package, as a second checkout has)."""
+    shutil.copytree(REPO / "src" / "bertforge", root / "bertforge", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def test_a_killed_build_is_taken_over_at_once_and_two_installs_build_once(tmp_path):
+    cache = tmp_path / "cache"
+    trees = [_tree(tmp_path / "one"), _tree(tmp_path / "two")]
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache), "PYTHONWARNINGS": "ignore"}
+    command = [sys.executable, "-m", "bertforge", "kernels", "build"]
+
+    def start(tree: Path) -> Lines:
+        return Lines(command, {**env, "PYTHONPATH": str(tree)}, cwd=tmp_path)
+
+    # A build killed midway: its compilers are running when the whole process group gets SIGKILL.
+    first = start(trees[0])
+    assert first.wait_for("compiling the native CPU kernels", 120), first.text()
+    deadline = time.monotonic() + 60
+    while not list(cache.glob("*/build.ninja")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2)
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.finish(30)
+    (folder,) = cache.iterdir()
+    assert not (folder / build.MARKER).exists() and f"pid {first.proc.pid}" in (folder / build.LOCK).read_text()
+
+    # Two installs (two source trees) start together: one takes the lock over at once, saying from whom; the
+    # other waits for it, saying for whom, and then loads the same build.
+    runs = [start(tree) for tree in trees]
+    took_over = [r.wait_for(rf"taking over .* from pid {first.proc.pid}", 60) for r in runs]
+    assert any(took_over), "\n---\n".join(r.text() for r in runs)
+    builder = runs[0] if took_over[0] else runs[1]
+    waiter = runs[1] if builder is runs[0] else runs[0]
+    assert (took_over[0] or took_over[1])[0] < 5.0, builder.text()  # seconds from the process's start
+    assert waiter.wait_for(r"waiting for the native kernels' build that pid \d+", 60), waiter.text()
+
+    # A third process waiting on the same build ends on SIGTERM, in one line.
+    third = start(trees[0])
+    assert third.wait_for("waiting for the native kernels' build", 60), third.text()
+    third.proc.send_signal(signal.SIGTERM)
+    assert third.finish(10) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM while waiting" in third.text() and "Traceback" not in third.text(), third.text()
+
+    assert [r.finish(600) for r in runs] == [0, 0], "\n---\n".join(r.text() for r in runs)
+    compiles = [r for r in runs if "compiling the native CPU kernels" in r.text()]
+    assert compiles == [builder], "\n---\n".join(r.text() for r in runs)  # one build, not two
+    assert [p.name for p in cache.iterdir()] == [folder.name] and (folder / build.MARKER).is_file()
+    assert json.loads((folder / build.MARKER).read_text())["by"].startswith(f"pid {builder.proc.pid} ")
+    assert (folder / build.LOCK).read_text() == ""  # released cleanly: the next builder has nothing to warn about
+
+
+def test_a_piped_first_pretrain_is_never_silent_and_keeps_the_compile_out_of_its_budget(tmp_path):
+    """`bertforge pretrain 2>log | cat` on an empty kernel cache: a line on stderr within 30 s of the start and
+    at most 30 s apart after that; the compile is reported apart from the training time."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "cache"), "PYTHONWARNINGS": "ignore"}
+    run = Lines([sys.executable, "-m", "bertforge", "pretrain", "--out", str(tmp_path / "run"), "--max-steps", "20",
+                 "--json"], env, cwd=tmp_path)
+    assert run.finish(900) == 0, run.text()
+    times = [0.0] + [t for t, _ in run.lines]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert max(gaps) < 30, (max(gaps), run.text())
+    assert any("compiling the native CPU kernels" in line for _, line in run.lines)
+    assert any(re.search(r"compiling the native kernels: \d of 8 sources compiled", line) for _, line in run.lines)
+    result = json.loads((tmp_path / "run" / "pretrain_results.json").read_text())
+    assert result["kernel_compile_seconds"] > 5 and result["steps"] == 20
+    assert result["seconds"] < result["kernel_compile_seconds"]  # 20 tiny steps take far less than a compile
