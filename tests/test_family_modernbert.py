@@ -277,3 +277,54 @@ def test_fused_path_equals_transformers(tmp_path, monkeypatch, options):
     out.sum().backward()
     assert fast.layers[0].attention.qkv.weight.grad is not None
     assert torch.equal(out.detach(), eager(ids).last_hidden_state.detach())
+
+
+def _onnx_rows(length: int, real: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 100, (2, length), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, real:] = 0
+    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask}
+
+
+def test_onnx_export_is_right_past_the_local_window(tmp_path):
+    """ModernBERT-base's 128-token window (64 either side): the graph holds the band mask whatever length it was
+    traced at, so ONNX Runtime gives transformers' numbers on rows far past the window, fp32 and int8 alike; the
+    report names both lengths the export was checked at."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import subprocess
+    import sys
+
+    theirs, _ = hf_pair(tmp_path / "ckpt", local_attention=128, max_position_embeddings=1024)
+    out = tmp_path / "m.onnx"
+    run = subprocess.run([sys.executable, "-m", "bertforge", "export", "onnx", "--model", str(tmp_path / "ckpt"),
+                          "--out", str(out), "--int8", "--json"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["checked_lengths"] == [23, 520] and report["max_abs_diff_fp32"] <= 1e-4
+    assert set(report["max_abs_diff_int8_by_length"]) == {"23", "520"}
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for length, real in ((40, 31), (300, 257)):  # below the window, and more than four windows
+        rows = _onnx_rows(length, real)
+        (hidden,) = session.run(None, {k: v.numpy() for k, v in rows.items()})
+        with torch.no_grad():
+            expected = theirs(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"]).last_hidden_state
+        keep = rows["attention_mask"].bool().numpy()
+        assert float(abs(hidden[keep] - expected.numpy()[keep]).max()) <= 1e-4, length
+
+
+def test_an_export_wrong_on_long_rows_is_refused_and_nothing_written(tmp_path, monkeypatch):
+    """The check at 520 tokens catches a graph that is right on short rows only: with the band mask left out of
+    the trace (the old behaviour, put back here on purpose), the export is refused in one line and removed."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from bertforge.errors import BertforgeError
+    from bertforge.inference.export import export_onnx
+    from bertforge.models import modernbert
+
+    hf_pair(tmp_path / "ckpt", local_attention=128, max_position_embeddings=1024)
+    monkeypatch.setattr(modernbert, "exporting", lambda: False)
+    with pytest.raises(BertforgeError, match=r"on rows of 520 tokens \(> 1e-4; checked at 23 and 520\); export removed"):
+        export_onnx(str(tmp_path / "ckpt"), str(tmp_path / "m.onnx"))
+    assert not any(p.suffix == ".onnx" for p in tmp_path.rglob("*"))
