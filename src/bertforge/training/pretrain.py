@@ -14,6 +14,7 @@ which every machine with Python has, and ends with a fill-mask demo.
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,20 @@ def _tokenizer(cfg: PretrainConfig) -> Tokenizer:
                                vocab_size=cfg.vocab_size, show_progress=cfg.progress)
 
 
+def _say_foreign_vocabulary(cfg: PretrainConfig) -> None:
+    """One line when --tokenizer is of another kind than --arch's own (a WordPiece vocabulary for RoBERTa, say):
+    allowed, since any vocabulary can train any encoder, but not what a reader of the config would assume."""
+    if not cfg.tokenizer or (cfg.model and Path(cfg.model).is_dir()) or getattr(cfg, "teacher", None):
+        return
+    from ..tokenization.kinds import kind_of_files
+
+    own, given = family(cfg.arch).tokenizer, kind_of_files(cfg.tokenizer)
+    if given != own:
+        print(f"bertforge: note: building {cfg.arch} on the {KIND_NAMES[given]} vocabulary of --tokenizer "
+              f"{cfg.tokenizer} ({cfg.arch}'s own is {KIND_NAMES[own]}); the model is saved with that tokenizer as "
+              "it is", file=sys.stderr, flush=True)
+
+
 # Each architecture's own pretraining objective where it is not masked-LM alone: BERT's next-sentence prediction,
 # ALBERT's sentence-order prediction.
 OWN_OBJECTIVE = {"bert": "mlm+nsp", "albert": "mlm+sop", "electra": "rtd"}
@@ -152,6 +167,8 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
     resolve_architecture(cfg)
     check_model(cfg)  # a bad preset, checkpoint config or --seq-len is refused before --out is touched
     dist.init()
+    if dist.is_main():
+        _say_foreign_vocabulary(cfg)
     torch.manual_seed(cfg.seed)
     out = claim_output(cfg)
     # Every rank has checked --out as the user left it; only now may rank 0 write there.
@@ -194,11 +211,12 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
         if summary.get("kernel_compile_seconds") is not None:  # a first run on this machine: not in `seconds`
             result["kernel_compile_seconds"] = round(summary["kernel_compile_seconds"], 1)
         if summary["stop"] == "schedule" and cfg.time_budget and summary["elapsed"] < 0.9 * cfg.time_budget:
-            # A time budget fixes the schedule's length once, at step 30, from the speed of steps 10-30; if the
-            # machine was busier then than later, the learning rate reaches zero before the budget is spent.
+            # A time budget fixes the schedule's length once, early on, from the speed of the steps since step 10
+            # (over 5% of the budget); if the machine was busier then than later, the learning rate reaches zero
+            # before the budget is spent.
             result["note"] = (f"the learning-rate schedule ended at step {summary['step']} after "
                               f"{summary['elapsed']:.0f} s of the {cfg.time_budget:.0f} s budget: its length was "
-                              "fixed at step 30 from the speed then, and later steps ran faster (the machine was "
+                              "fixed early on from the speed then, and later steps ran faster (the machine was "
                               "busier at the start). --max-steps N fixes the length yourself")
         (out / "pretrain_results.json").write_text(dumps({**result, "config": asdict(cfg)}, indent=2) + "\n",
                                                    encoding="utf-8")

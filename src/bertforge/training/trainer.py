@@ -47,6 +47,7 @@ from .checkpoint import (
 )
 from .determinism import use_deterministic_algorithms
 from .matmul import MATMULS, BucketBF16, MatmulChoice, cache_file
+from .memory import OutOfMemory, check_fits, is_allocation_failure
 from .optim import build_optimizer, warmup_linear, warmup_steps_for
 from .precision import autocast_for, resolve
 from .prefetch import Prefetcher
@@ -189,6 +190,9 @@ class Trainer:
         if finished and self.result_file is not None and self.result_file.is_file():
             raise NothingToDo(f"{self.out}: the run already finished at step {step} ({finished}); nothing to do. "
                               f"To train further, start a new run from its model: --model {self.out} --out NEW")
+        if c.backend == "torch":  # before its settings are saved and any step: refused now, not minutes in
+            check_fits(self.model, c.batch_size, self.run_info.get("seq_len") or 512, c.grad_accum, self.precision,
+                       self.device, self._predictions(), native=kernels.enabled())
         if self.on_start is not None:
             self.on_start()
         if dist.is_main():
@@ -217,7 +221,13 @@ class Trainer:
         if finished and (c.eval_every or c.eval_each_epoch):
             last_eval = self._evaluate()  # its rows are in metrics.jsonl already; the summary needs the numbers
         while stop_reason is None:
-            grad_norm, lr = self._optimizer_step(step, window)
+            try:
+                grad_norm, lr = self._optimizer_step(step, window)
+            except RuntimeError as error:
+                if not is_allocation_failure(error):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                raise self._out_of_memory(step, error) from None
             self.batches.settle()  # the task is the loop's alone again (the epoch's size, evaluation)
             step += 1
             self.matmuls.settled = True
@@ -230,11 +240,13 @@ class Trainer:
 
             if step == 10:
                 ten_steps_at = self.state["elapsed"]
-            if self.state["horizon"] is None and c.time_budget and step >= 30:
-                # Only a time budget: fix the schedule's length once, from the speed of steps 10-30
-                # (the first steps are slow while allocators warm up), less 5% for evaluation and
-                # saving. It is saved with the checkpoints, so a resumed run keeps the same schedule.
-                per_step = (self.state["elapsed"] - ten_steps_at) / 20
+            if (self.state["horizon"] is None and c.time_budget and step >= 30
+                    and dist.broadcast_flag(self.state["elapsed"] - ten_steps_at >= MEASURE_SHARE * c.time_budget)):
+                # Only a time budget: fix the schedule's length once, from the speed of the steps since step 10
+                # (the first steps are slow while allocators warm up) over at least MEASURE_SHARE of the budget,
+                # less 5% for evaluation and saving. It is saved with the checkpoints, so a resumed run keeps the
+                # same schedule. Rank 0's clock decides when, so every rank fixes it at the same step.
+                per_step = (self.state["elapsed"] - ten_steps_at) / (step - 10)
                 remaining = 0.95 * (c.time_budget - self.state["elapsed"])
                 self.state["horizon"] = step + max(1, int(remaining / per_step))
                 self.state["horizon"] = dist.broadcast_int(self.state["horizon"])
@@ -345,6 +357,21 @@ class Trainer:
         if self.precision == "bf16":
             return BucketBF16()
         return self.matmuls.context() if self.matmuls.applies(self.device, self.precision) else contextlib.nullcontext()
+
+    def _predictions(self) -> int | None:
+        """Masked positions per row, for the masked-LM head's share of a step's memory (None: not masked-LM)."""
+        masking, seq_len = self.run_info.get("masking"), self.run_info.get("seq_len")
+        if not masking or not seq_len:
+            return None
+        probability, *_, cap = masking
+        return cap or math.ceil(seq_len * probability)
+
+    def _out_of_memory(self, step: int, error: RuntimeError) -> OutOfMemory:
+        request = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        last = latest_checkpoint(self.checkpoints)
+        return OutOfMemory(f"out of memory in step {step + 1} ({request}); stopped without saving. Last checkpoint: "
+                           f"{last or 'none'}, intact. Lower --batch-size (--grad-accum keeps the global batch) or "
+                           "--seq-len")
 
     def _diverged(self, step: int, loss: float, lr: float) -> "TrainingDiverged":
         last = latest_checkpoint(self.checkpoints)
@@ -462,6 +489,11 @@ class Trainer:
 
         return tqdm(total=self.state["horizon"], initial=initial, unit="step", dynamic_ncols=True, desc="train")
 
+
+# How much of a time budget the steps that fix the schedule's length span. Steps 10-30 alone took about a second
+# of the main job's three minutes, and a second is at the mercy of the machine: on 2026-11-27 both of two runs in
+# a row measured them ~25% slower than the steps after (bf16's first shapes being met) and stopped at 142 and 146 s.
+MEASURE_SHARE = 0.05
 
 REPORT_EVERY_S = 20.0  # seconds between progress lines on stderr when no progress bar is shown (under the 30 s
 # a piped run promises, `heartbeat.py`, whose watchdog covers a step or an evaluation that takes longer)
