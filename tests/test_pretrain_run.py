@@ -156,7 +156,7 @@ def test_output_directory_is_protected(tmp_path, corpus, tokenizer_dir):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     assert cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2", "--overwrite")).returncode == 0
     assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
-    assert (out / ".bertforge.lock").read_text() == ""  # the run's lock, released at its end
+    assert not (out / ".bertforge.lock").exists()  # the run's lock, released and removed at its end
     nothing = cli(*base_args(corpus, tokenizer_dir, tmp_path / "fresh", "--max-steps", "2", "--resume"))
     assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr
 

@@ -205,6 +205,8 @@ class CorpusSettings:
             self.corpus = [self.corpus]
         if self.encoding_errors not in ("strict", "replace"):
             raise ConfigError(f"{flag('encoding_errors')} must be strict or replace, not {self.encoding_errors!r}")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"{flag('workers')} must be at least 1, not {self.workers} (leave it out for all cores)")
         _chain(self, CorpusSettings)
 
 

@@ -56,6 +56,9 @@ def _exit_now(code: int) -> None:
     interpreter finalization, "<no Python frame>"), about once in 20 runs on a loaded machine, from
     the code before and after this session's kernels alike; torchrun then reported the finished job
     as failed and killed rank 0. Not root-caused; everything Python would flush is flushed here."""
+    from ..lockfile import release_all
+
+    release_all()  # os._exit skips atexit, where the output directory's lock is removed
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

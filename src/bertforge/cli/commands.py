@@ -37,7 +37,7 @@ app.add_typer(export_app, name="export", help="export a model to ONNX (checked a
 app.add_typer(score_app, name="score", help="score prediction files with the official metrics")
 kernels_app = typer.Typer(rich_markup_mode=None, invoke_without_command=True,
                           help="The native CPU kernels: what the cache holds (the default), or build them now.")
-app.add_typer(kernels_app, name="kernels", help="the native CPU kernels: their cache's state, or build them ahead of time")
+app.add_typer(kernels_app, name="kernels", help="the native CPU kernels: their cache's state, or build them now")
 app.add_typer(distill_app, name="distill", help="distil a model into a smaller student (classify, regress, ner, qa, mlm)")
 
 
@@ -158,12 +158,14 @@ def prepare(corpus: list[str], *, out: str, tokenizer: str, workers: int | None 
         json: print one JSON object instead of a summary
     """
     from ..data.corpus import CorpusOptions
+    from ..data.shards import check_workers
     from ..data.shards import prepare as prepare_shards
     from ..lockfile import lock_beside
     from ..tokenization.kinds import load_tokenizer
 
     if not corpus:
         raise BertforgeError("prepare needs a corpus: files, directories, globs or hf:NAME")
+    check_workers(workers)  # before the lock: a refused run leaves nothing behind
     # The output appears by a rename of OUT.partial, so the lock sits beside it: a second prepare of the same
     # --out would otherwise delete the first one's partial output.
     tok = load_tokenizer(tokenizer)
@@ -357,7 +359,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
 
 @command(app, "serve")
 def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_bytes: int = 2_000_000,
-          max_texts: int = 2048, max_chars: int = 10_000, auto_truncate: bool = False, batch_wait_ms: float = 0.0,
+          max_texts: int = 2048, max_chars: int | None = None, auto_truncate: bool = False, batch_wait_ms: float = 0.0,
           max_batch_tokens: int = 16_384,
           max_concurrent_requests: int = 512, api_key: str | None = None,
           served_model_name: str | None = None, shutdown_grace_s: float = 25.0,
@@ -380,7 +382,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         max_body_bytes: larger request bodies get 413 (TEI's default, 2 MB)
         max_texts: inputs per request (else 413); 2048, OpenAI's own limit, takes LangChain's (1000) and
             LlamaIndex's (100) default batches
-        max_chars: characters per input that is not to be truncated (else 413)
+        max_chars: characters per input that is not to be truncated (else 413); default: 20 per position the
+            model reads, at least 10,000 (10,240 for 512 positions, 163,840 for 8,192); /info says it
         auto_truncate: cut long inputs when a TEI request leaves `truncate` unset (null), as TEI's flag does
         batch_wait_ms: how long a batch waits for more requests (0: it takes those that queued while the last
             batch ran)

@@ -139,6 +139,12 @@ def _chunks(docs: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
+def check_workers(workers: int | None) -> None:
+    """Refuse a process count below 1 (it used to become 1 without a word)."""
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers {workers}: give at least 1 tokenising process (or leave it out for all cores)")
+
+
 def prepare(sources: list[str], out: str | Path, tokenizer: Tokenizer, options: CorpusOptions | None = None,
             workers: int | None = None, shard_tokens: int = 100_000_000, progress: bool = False) -> dict:
     """Tokenise the corpus `sources` into shards under `out` (which must not exist). Returns the meta dict."""
@@ -152,7 +158,8 @@ def prepare_documents(docs: Iterable[str], sources: list[str], out: str | Path, 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise InputError(f"{out}: already exists and is not empty; choose a new --out")
-    workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+    check_workers(workers)
+    workers = workers if workers is not None else (os.cpu_count() or 1)
     dtype = np.dtype("<u2") if tokenizer.vocab_size <= 65536 else np.dtype("<u4")
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():

@@ -28,7 +28,7 @@ class Limits:
 
     max_body_bytes: int = 2_000_000
     max_texts: int = 2048
-    max_chars: int = 10_000
+    max_chars: int | None = None  # None: from the model's length (`default_max_chars`), once it is loaded
     auto_truncate: bool = False
     batch_wait_ms: float = 0.0
     max_batch_tokens: int = 16_384
@@ -41,10 +41,20 @@ class Limits:
         if self.max_batch_tokens < 512:
             raise InputError("--max-batch-tokens must be at least 512: one full-length input must fit a batch")
         for name in ("max_body_bytes", "max_texts", "max_chars", "max_concurrent_requests"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1")
         if self.batch_wait_ms < 0:
             raise InputError("--batch-wait-ms must be >= 0")
+
+
+CHARS_PER_POSITION = 20  # well above any tokenizer's characters per token: the limit is for abuse, not for text
+
+
+def default_max_chars(positions: int) -> int:
+    """--max-chars when not given: 20 characters per position the model reads, at least the 10,000 it was
+    before it followed the model (10,240 for a 512-position BERT, 163,840 for ModernBERT's 8,192), so that
+    no input the model can read whole is turned away for its characters."""
+    return max(10_000, CHARS_PER_POSITION * positions)
 
 
 def grouped(run: Callable[..., list]) -> Callable[[list[tuple[Any, tuple]]], list]:
@@ -80,6 +90,8 @@ class Service:
         head = head_of(model_dir)
         self.model = load(head.cls.from_pretrained(model_dir), limits.backend)
         self.config = self.model.config
+        if limits.max_chars is None:  # set in place: the request schemas are built from these limits next
+            limits.max_chars = default_max_chars(self.config.max_sequence_length)
         self.tokenizer = load_tokenizer(model_dir)
         self.counter = load_tokenizer(model_dir)
         self.counter_lock = threading.Lock()
@@ -214,6 +226,7 @@ class Service:
                 "max_concurrent_requests": self.limits.max_concurrent_requests,
                 "max_input_length": self.max_input_length, "max_batch_tokens": self.limits.max_batch_tokens,
                 "max_batch_requests": None, "max_client_batch_size": self.limits.max_texts,
+                "max_chars_per_input": self.limits.max_chars,
                 "auto_truncate": self.limits.auto_truncate, "tokenization_workers": 1, "version": __version__,
                 "sha": None, "docker_label": None, "backend": self.limits.backend,
                 "endpoints": sorted(f"/{n}" for n in self.tasks)}
