@@ -249,3 +249,31 @@ def test_sentence_transformers_directory_around_xlmr(unigram_dirs, tmp_path):
     ours = torch.tensor([row["embedding"] for row in run_predict("embed", str(tmp_path / "st"), TEXTS, backend="torch")])
     theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_tensor=True)
     torch.testing.assert_close(ours, theirs.float(), atol=1e-5, rtol=0)
+
+
+def test_inspect_reads_every_family_member_and_head_in_text_and_json(tmp_path):
+    """`bertforge inspect` (text and --json) on every head of every family member; DistilBERT's config.json names
+    its sizes n_layers and dim, and the text report used to die on a KeyError there."""
+    import subprocess
+    import sys
+
+    from bertforge.interop.inspect import format_report, inspect_checkpoint
+    from bertforge.models.registry import FAMILIES
+
+    for model_type, row in FAMILIES.items():
+        config = row.config.from_preset("L2-H64", vocab_size=100, pad_token_id=0)
+        for info in row.heads:
+            folder = tmp_path / f"{model_type}-{info.kind}"
+            info.cls(config).save_pretrained(folder)
+            report = inspect_checkpoint(folder)
+            assert report["missing_keys"] == [] and not report["non_finite"], (model_type, info.kind)
+            ffn = config.intermediate_size  # 4H, ModernBERT's GeGLU 1.5H
+            assert report["size"] == {"layers": 2, "hidden": 64, "heads": 1, "ffn": ffn, "vocab": 100,
+                                      "max_len": config.max_position_embeddings}, (model_type, info.kind)
+            assert f"size          L=2 H=64 heads=1 FFN={ffn} vocab=100" in format_report(report)
+    for args in ([], ["--json"]):  # the command itself, on DistilBERT's classifier: its exit code and its output
+        folder = tmp_path / "distilbert-sequence-classification"
+        run = subprocess.run([sys.executable, "-m", "bertforge", "inspect", str(folder), *args],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+        assert (json.loads(run.stdout)["size"]["layers"] == 2) if args else ("L=2 H=64" in run.stdout)

@@ -149,3 +149,22 @@ def test_classify_endpoint_takes_pairs_and_refuses_unknown_fields(checkpoints):
             status, body = call(port, path, bad)
             assert status == 422, (path, bad, body)
         assert call(port, "/health")[0] == 200
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "deberta-v2", "modernbert"])
+def test_a_config_naming_another_family_is_refused_not_run_on_random_weights(tmp_path, checkpoints, model_type):
+    """A BERT directory whose config.json says another family's model_type: `predict embed` used to print an
+    embedding from a random backbone (exit 0, a warning). Now one line says whose weights the file holds."""
+    import shutil
+
+    folder = tmp_path / "relabelled"
+    shutil.copytree(checkpoints["classifier"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = model_type
+    (folder / "config.json").write_text(json.dumps(config))
+    result = bertforge_cli("predict", "embed", "--model", str(folder), "a good film")
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    one_line_refusal(result, str(folder))
+    if model_type == "roberta":  # BERT's config fields are RoBERTa's: the weights are what is refused
+        assert "config.json says roberta, but none of the roberta backbone's" in result.stderr
+        assert "tensors are in model.safetensors: it holds bert's" in result.stderr

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from ..errors import CheckpointError, ConfigError
 from ..jsonfile import read_json_object
 from ..models.base import NameTable
-from ..models.registry import ARCHITECTURES, HEADS, Family, HeadInfo, family
+from ..models.registry import ARCHITECTURES, FAMILIES, HEADS, Family, HeadInfo, family
 from ..safefiles import atomic_write
 
 log = logging.getLogger("bertforge")
@@ -316,10 +316,14 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
     report = from_hf_state_dict(model, state, source=str(path), new_head="num_labels" in config_overrides)
     prefix = names_of(model).prefix + "."
     backbone_missing = [k for k in report.missing_keys if k.startswith(prefix) or not has_backbone_prefix(model)]
+    # The pooler is new where a checkpoint never had one (a masked-LM model's, as transformers saves it): it is
+    # initialised like a head, as transformers does, and said. Any other backbone tensor missing is refused:
+    # outputs from random weights would pass for the checkpoint's.
+    pooler_missing = [k for k in backbone_missing if ".pooler." in f".{k}"]
+    backbone_missing = [k for k in backbone_missing if k not in pooler_missing]
     head_missing = [k for k in report.missing_keys if k not in backbone_missing]
     if backbone_missing:
-        log.warning("%s: backbone weights missing from the checkpoint, left at their initial values: %s",
-                    path, ", ".join(backbone_missing))
+        raise CheckpointError(_missing_backbone(path, config.model_type, model, backbone_missing, state))
     if head_missing:
         log.warning("%s: new %s head weights, initialised randomly (train before use): %s",
                     path, cls.__name__, ", ".join(head_missing))
@@ -328,6 +332,25 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
     model.load_report = report
     model.eval()
     return model
+
+
+def _missing_backbone(path: Path, model_type: str, model: torch.nn.Module, missing: list[str],
+                      state: dict[str, torch.Tensor]) -> str:
+    """The refusal of a checkpoint whose weights lack some of the backbone's tensors: how many, the first names,
+    and, where it holds none of them, whose backbone's tensors it holds instead (config.json's model_type edited)."""
+    files = " and ".join(f.name for f in weights_files(path))
+    prefix = names_of(model).prefix + "."
+    total = sum(1 for k in model.state_dict()
+                if (k.startswith(prefix) or not has_backbone_prefix(model)) and ".pooler." not in f".{k}")
+    shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+    if len(missing) < total:
+        return (f"{path}: {len(missing)} of the {model_type} backbone's {total} tensors are not in {files} ({shown}); "
+                "config.json does not describe these weights. Only a task head may be new")
+    holders = [t for t, row in FAMILIES.items() if t != model_type and any(k.startswith(row.names.prefix + ".")
+                                                                           for k in state)]
+    held = f": it holds {holders[0]}'s" if holders else ""
+    return (f"{path}: config.json says {model_type}, but none of the {model_type} backbone's {total} tensors are in "
+            f"{files}{held}; set config.json's model_type to the family the weights are of")
 
 
 def save_pretrained(model: torch.nn.Module, path: str | Path, tokenizer=None) -> None:

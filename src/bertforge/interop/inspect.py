@@ -95,18 +95,21 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "unexpected_keys": report.unexpected_keys,
         "non_finite": bad,
         "parameters": {**counts, "total": sum(counts.values())},
+        # In bertforge's own names, the same for every family (config.json's differ: DistilBERT says n_layers, dim).
+        "size": {"layers": config.num_hidden_layers, "hidden": config.hidden_size,
+                 "heads": config.num_attention_heads, "ffn": config.intermediate_size,
+                 "vocab": config.vocab_size, "max_len": config.max_position_embeddings},
         "config": config.to_dict(),
     }
 
 
 def format_report(info: dict[str, Any]) -> str:
-    c = info["config"]
-    p = info["parameters"]
+    c, p, z = info["config"], info["parameters"], info["size"]
     lines = [
         f"checkpoint    {info['path']}",
         f"architecture  {info['architecture']}",
-        f"size          L={c['num_hidden_layers']} H={c['hidden_size']} heads={c['num_attention_heads']} "
-        f"FFN={c['intermediate_size']} vocab={c['vocab_size']} max_len={c['max_position_embeddings']}",
+        f"size          L={z['layers']} H={z['hidden']} heads={z['heads']} FFN={z['ffn']} vocab={z['vocab']} "
+        f"max_len={z['max_len']}",
         f"heads         {', '.join(info['heads']) or 'none (backbone only)'}",
         "parameters    " + "  ".join(f"{k}={v:,}" for k, v in p.items()),
         "config        " + json.dumps({k: v for k, v in c.items() if k not in ("id2label", "label2id")}),
