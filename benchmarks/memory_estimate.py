@@ -2,8 +2,8 @@
 
 Each configuration runs in a fresh process: a BertForPreTraining of the given size, AdamW, and two
 optimizer steps on full rows (every token real, 15% of them predicted), under the precision asked for
-and with the native kernels on or off; the process's peak resident memory over those steps, less what
-it held before the first, is what the step added. Prints estimate / measured per configuration: the
+and with the native kernels on or off; the process's peak resident memory over those steps (VmHWM, set
+back to the resident size just before them), less what it held then, is what the step added. Prints estimate / measured per configuration: the
 refusal in `check_fits` is only as good as this ratio (it should sit at or above 1, and not far above).
 
     python -m benchmarks.memory_estimate
@@ -19,7 +19,7 @@ import sys
 from .common import machine, save
 
 STEP = r"""
-import json, math, resource, sys, torch
+import json, math, sys, torch
 from bertforge import BertConfig, BertForPreTraining
 from bertforge.training.memory import step_bytes
 from bertforge.training.precision import autocast_for
@@ -32,14 +32,20 @@ ids = torch.randint(5, 8000, (B, T))
 labels = torch.full_like(ids, -100)
 labels[:, 1:P + 1] = ids[:, 1:P + 1]
 nsp = torch.zeros(B, dtype=torch.long)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def status(key):  # /proc/self/status, in bytes
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))
+# The peak so far is set back to what is resident now (Linux: clear_refs 5), so that a transient peak of the
+# imports or the model's initialisation cannot hide the step's own.
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS")
 for _ in range(2):
     with autocast_for(precision, torch.device("cpu"))():
         out = model(ids, torch.zeros_like(ids), torch.ones_like(ids), labels=labels, next_sentence_label=nsp)
     out.loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+grew = status("VmHWM") - before
 from bertforge import kernels
 print(json.dumps({"measured": grew, "estimate": step_bytes(model, B, T, precision, predictions=P,
                                                            native=kernels.library())}))

@@ -37,6 +37,12 @@ atexit.register(shutil.rmtree, os.environ["BERTFORGE_CACHE_DIR"], True)
 # code, so the same bits), in a directory of this session's own.
 os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertforge-test-jax-")
 atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+# The native kernels, built (or loaded) once before any test runs, so that no test that reads a command's stderr
+# meets a first compile's announcement and progress lines. Under pytest-xdist the controller builds and the
+# workers load; the tests of a first run (test_kernel_cache.py) use caches of their own.
+from bertforge import kernels  # noqa: E402
+
+kernels.library()
 # The tests that compare runs bit for bit add this to the torch runs they start: on a GPU, bitwise
 # repeatability needs deterministic kernels (training/determinism.py); CPU runs have it as they are.
 GPU_DETERMINISTIC = ["--deterministic"] if torch.cuda.is_available() else []

@@ -136,7 +136,6 @@ def test_serve_derives_its_character_limit_from_the_model_length(tmp_path, moder
     (20 a position, at least 10,000), and /info says both limits."""
     pytest.importorskip("fastapi")
     transformers = pytest.importorskip("transformers")
-    from bertforge.server.service import Limits, Service
 
     vocab = json.loads((modern_dirs / "ours" / "tokenizer.json").read_text())["model"]["vocab"]
     config = transformers.ModernBertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1,
@@ -146,9 +145,15 @@ def test_serve_derives_its_character_limit_from_the_model_length(tmp_path, moder
     transformers.ModernBertModel(config).save_pretrained(tmp_path)
     for f in (modern_dirs / "ours").iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
-    service = Service(str(tmp_path), Limits())
-    assert service.limits.max_chars == 163_840 and service.info()["max_chars_per_input"] == 163_840
-    assert Service(str(tmp_path), Limits(max_chars=500)).limits.max_chars == 500  # given: kept
+    # (A --max-chars given on the command line is kept: the server tests serve with --max-chars 200.)
+    from server_utils import call, running_server
+
+    long_text = "a good film and a fine plot . " * 400  # 12,000 characters: over the old 10,000; ~5,600 tokens
+    with running_server(tmp_path) as (port, _):
+        status, info = call(port, "/info")
+        assert status == 200 and info["max_chars_per_input"] == 163_840
+        status, body = call(port, "/embed", {"inputs": long_text, "truncate": False})
+        assert status == 200, body  # TEI's /embed: read whole, not refused for its characters
 
 
 def test_a_vocabulary_of_another_kind_than_the_architecture_is_said_in_one_line(tmp_path, run_inputs):

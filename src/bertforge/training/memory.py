@@ -48,7 +48,7 @@ class OutOfMemory(BertforgeError):
 def step_bytes(model: torch.nn.Module, batch_size: int, seq_len: int, precision: str = "fp32",
                predictions: int | None = None, native: bool = True) -> int:
     """What one optimizer step's micro-batch adds to the process, in bytes, every token real; an estimate that
-    leans low (0.6-1.0 of the measured peak), so that only a run that cannot fit is refused.
+    leans low (0.53-1.02 of the measured peak), so that only a run that cannot fit is refused.
 
     `predictions`: masked positions per row (the masked-LM head's logits are [rows x predictions, vocab]);
     None for heads that read every token or one per row, whose outputs are small beside the layers'.
