@@ -28,8 +28,11 @@ def tree(tmp_path_factory) -> Path:
     build in the working tree itself would also pick up files that earlier builds left there (build/, the
     egg-info's file list), and pass where a user's build from a clean checkout fails."""
     root = tmp_path_factory.mktemp("tree")
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            check=True, capture_output=True).stdout.decode().split("\0")
+    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                             capture_output=True)
+    if listing.returncode != 0:
+        pytest.skip("not a git checkout: the files a fresh clone holds cannot be listed")
+    listed = listing.stdout.decode().split("\0")
     for name in filter(None, listed):
         source = REPO / name
         if source.is_file():

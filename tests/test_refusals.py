@@ -168,3 +168,34 @@ def test_a_config_naming_another_family_is_refused_not_run_on_random_weights(tmp
     if model_type == "roberta":  # BERT's config fields are RoBERTa's: the weights are what is refused
         assert "config.json says roberta, but none of the roberta backbone's" in result.stderr
         assert "tensors are in model.safetensors: it holds bert's" in result.stderr
+
+
+def _tsv(path: Path) -> Path:
+    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(SENTENCES)))
+    return path
+
+
+def test_a_seq_len_past_the_positions_is_refused_by_finetune_distill_and_evaluate(tmp_path, checkpoints):
+    """A 64-position model: --seq-len 100000 used to train with rows cut at 64 while run_config.json said 100000."""
+    data = _tsv(tmp_path / "train.tsv")
+    model = str(checkpoints["classifier"])
+    for command in (["finetune", "classify", "--model", model, "--out", str(tmp_path / "ft")],
+                    ["distill", "classify", "--teacher", model, "--student-layers", "1", "--out", str(tmp_path / "ds")],
+                    ["evaluate", "classify", "--model", model, "--data", str(data)]):
+        extra = [] if command[0] == "evaluate" else ["--train", str(data), "--dev", str(data), "--epochs", "1"]
+        result = bertforge_cli(*command, *extra, "--seq-len", "100000")
+        one_line_refusal(result, "--seq-len 100000 exceeds the 64 positions")
+    assert not (tmp_path / "ft").exists() and not (tmp_path / "ds").exists()
+
+
+def test_finetune_refuses_a_tokenizer_whose_vocabulary_is_not_the_checkpoints(tmp_path, checkpoints):
+    """Another vocabulary of ids the model embeds: its embeddings would be trained under ids that name other tokens."""
+    other = Tokenizer.train(texts=["some other words entirely", "nothing like the first"] * 5, vocab_size=60,
+                            min_frequency=1)
+    other.save(tmp_path / "other-tok")
+    data = _tsv(tmp_path / "train.tsv")
+    result = bertforge_cli("finetune", "classify", "--model", str(checkpoints["classifier"]), "--tokenizer",
+                           str(tmp_path / "other-tok"), "--train", str(data), "--dev", str(data), "--epochs", "1",
+                           "--out", str(tmp_path / "ft"))
+    one_line_refusal(result, "its vocabulary is not the checkpoint's")
+    assert not (tmp_path / "ft").exists()

@@ -37,6 +37,22 @@ def setting(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, c
     return field(default=default, metadata={"help": help, "cli": cli})
 
 
+def fit_seq_len(cfg: Any, config: Any) -> None:
+    """A fine-tuning run's --seq-len against the model (`config`): the default (128; 384 for qa) becomes the model's
+    length where that is shorter, and the run records it so; a length the user gave is honoured or refused."""
+    if not getattr(cfg, "seq_len_given", True):
+        cfg.seq_len = min(cfg.seq_len, config.max_sequence_length)
+    check_seq_len(cfg.seq_len, config)
+
+
+def check_seq_len(seq_len: int, config: Any) -> None:
+    """Refuse a --seq-len longer than the model's positions hold (rows would be cut there while the run's
+    settings say otherwise): `config` is any family's model config."""
+    if seq_len > config.max_sequence_length:
+        raise ConfigError(f"--seq-len {seq_len} exceeds the {config.max_sequence_length} positions the model's "
+                          f"max_position_embeddings ({config.max_position_embeddings}) leaves")
+
+
 def flag(name: str) -> str:
     """'batch_size' -> 'batch_size (--batch-size)': errors name the setting and its flag."""
     return f"{name} (--{name.replace('_', '-')})"
@@ -341,6 +357,7 @@ class FinetuneConfig(TrainConfig):
     required = ("model", "train", "dev")  # the settings a run cannot go without
 
     def __post_init__(self) -> None:
+        self.seq_len_given = self.seq_len is not None  # a default may shrink to the model; a given value may not
         if self.seq_len is None:
             self.seq_len = 384 if self.task == "qa" else 128  # SQuAD's usual window
         super().__post_init__()

@@ -26,7 +26,7 @@ from ..models.electra import (
     ElectraReplacedTokenDetection,
 )
 from ..models.registry import family
-from ..runconfig import PretrainConfig
+from ..runconfig import PretrainConfig, check_seq_len
 from ..tokenization.tokenizer import Tokenizer
 
 
@@ -177,9 +177,7 @@ def check_model(cfg: PretrainConfig) -> None:
 
 
 def _check_seq_len(cfg: PretrainConfig, config) -> None:
-    if cfg.seq_len > config.max_sequence_length:
-        raise BertforgeError(f"--seq-len {cfg.seq_len} exceeds the {config.max_sequence_length} positions the "
-                             f"model's max_position_embeddings ({config.max_position_embeddings}) leaves")
+    check_seq_len(cfg.seq_len, config)
 
 
 def _split(shards: TokenShards, cfg: PretrainConfig) -> tuple[np.ndarray, np.ndarray]:

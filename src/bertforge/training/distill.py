@@ -41,11 +41,11 @@ import torch.nn.functional as F
 from ..constants import IGNORE_INDEX
 from ..errors import BertforgeError
 from ..inference.backends import load as load_backend
-from ..interop.hf import load_for_task
+from ..interop.hf import load_for_task, read_config
 from ..jsonfile import dumps
 from ..models.distillation import cut_down, student_layers
 from ..models.registry import TASK_ARCHITECTURES
-from ..runconfig import DistillConfig
+from ..runconfig import DistillConfig, fit_seq_len
 from ..tokenization.kinds import load_tokenizer
 from .finetune import build, run_seeds, train_and_export
 
@@ -222,5 +222,6 @@ def run_distill(cfg: DistillConfig, as_json: bool = True) -> dict[str, Any]:
     """One distillation run, or one per --seeds with mean and std; results also in OUT/eval_results.json."""
     if not Path(cfg.teacher).is_dir():
         raise BertforgeError(f"--teacher {cfg.teacher}: no such checkpoint directory")
-    load_for_task(cfg.task, cfg.teacher, TASK_ARCHITECTURES[cfg.task])  # the wrong head is refused before --out
+    teacher = load_for_task(cfg.task, cfg.teacher, TASK_ARCHITECTURES[cfg.task])  # the wrong head: before --out
+    fit_seq_len(cfg, read_config(cfg.model) if cfg.model and Path(cfg.model).is_dir() else teacher.config)
     return run_seeds(cfg, _run_one, as_json, "distillation")

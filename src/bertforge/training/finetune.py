@@ -26,7 +26,7 @@ from ..interop.hf import load_for_task, read_config, save_pretrained
 from ..jsonfile import dumps
 from ..models.config import BertConfig
 from ..models.registry import TASK_ARCHITECTURES
-from ..runconfig import TASKS, FinetuneConfig, TrainConfig  # noqa: F401  (TASKS re-exported)
+from ..runconfig import TASKS, FinetuneConfig, TrainConfig, check_seq_len, fit_seq_len  # noqa: F401  (TASKS re-exported)
 from ..tasks import TASKS as TASK_BUILDERS
 from ..tokenization.kinds import load_tokenizer
 from ..tokenization.tokenizer import Tokenizer
@@ -37,18 +37,37 @@ from .runs import claim_output, report, save_run_config
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
     """The run's tokenizer, checked against the model: every id it can give must have an embedding."""
     if Path(cfg.model).is_dir():
+        config = read_config(cfg.model)
+        fit_seq_len(cfg, config)
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
         largest = max(tokenizer.get_vocab().values())
-        vocab_size = read_config(cfg.model).vocab_size
-        if largest >= vocab_size:
+        if largest >= config.vocab_size:
             source = cfg.tokenizer or f"{cfg.model}'s tokenizer"
-            raise BertforgeError(f"{source} gives ids up to {largest:,}, but {cfg.model} embeds only {vocab_size:,} "
-                                 "(vocab_size in its config.json); use the tokenizer the model was trained with")
+            raise BertforgeError(f"{source} gives ids up to {largest:,}, but {cfg.model} embeds only "
+                                 f"{config.vocab_size:,} (vocab_size in its config.json); use the tokenizer the model "
+                                 "was trained with")
+        own = _has_tokenizer(cfg.model) and cfg.tokenizer
+        if own and load_tokenizer(cfg.model).get_vocab() != tokenizer.get_vocab():
+            # Its embeddings would be trained under ids that name other tokens, as distill refuses for a student.
+            raise BertforgeError(f"--tokenizer {cfg.tokenizer}: its vocabulary is not the checkpoint's ({cfg.model} "
+                                 "holds its own tokenizer); fine-tune with the tokenizer the model was trained with")
         return tokenizer
-    BertConfig.from_preset(cfg.model)  # a mistyped directory is called missing, not a preset
+    fit_seq_len(cfg, BertConfig.from_preset(cfg.model))  # a mistyped directory is called missing
     if not cfg.tokenizer:
         raise BertforgeError(f"--model {cfg.model} is a preset: give --tokenizer DIR with its vocabulary")
     return load_tokenizer(cfg.tokenizer)
+
+
+def _has_tokenizer(folder: str) -> bool:
+    """Whether a checkpoint directory holds a tokenizer of its own (any kind's files)."""
+    from ..errors import TokenizerError
+    from ..tokenization.kinds import kind_of_files
+
+    try:
+        kind_of_files(folder)
+    except TokenizerError:
+        return False
+    return True
 
 
 def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
@@ -136,6 +155,8 @@ def run_evaluate(task: str, model_dir: str, data: str, seq_len: int | None = Non
     model = load_for_task(task, model_dir, TASK_ARCHITECTURES[task])
     tokenizer = load_tokenizer(model_dir)
     columns = columns or Columns()
+    if seq_len is not None:  # asked for: honoured or refused, never cut to the model's length unsaid
+        check_seq_len(seq_len, model.config)
     seq_len = 384 if task == "qa" and seq_len is None else (seq_len or 512)
     cfg = FinetuneConfig(task=task, model=model_dir, train="-", dev=data, seq_len=min(seq_len, model.config.max_sequence_length),
                          batch_size=batch_size, text_column=columns.text, pair_column=columns.pair,
