@@ -18,14 +18,14 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TextIO
 
 QUIET_S = 25.0  # under the 30 s a piped run promises between lines, with room for a slow write
 
-# The named steps now running, innermost last: (what, started at, detail). A list, not a
-# thread-local: the watchdog thread reads what the main thread is doing.
-_phases: list[tuple[str, float, Callable[[], str] | None]] = []
+# The named steps now running, innermost last: (what, started at). A list, not a thread-local: the
+# watchdog thread reads what the main thread is doing.
+_phases: list[tuple[str, float]] = []
 _lock = threading.Lock()
 
 
@@ -66,23 +66,18 @@ def _watch(stream: _WatchedStream, quiet_s: float) -> None:
             current = _phases[-1] if _phases else None
         if current is None or now - stream.last_write < quiet_s:
             continue
-        what, started, detail = current
-        extra = ""
-        if detail is not None:
-            with contextlib.suppress(Exception):  # a progress detail must never break the run
-                extra = detail()
+        what, started = current
         try:
-            stream.write(f"bertforge: still {what} ({now - started:.0f} s{', ' + extra if extra else ''})\n")
+            stream.write(f"bertforge: still {what} ({now - started:.0f} s)\n")
             stream.flush()
         except (OSError, ValueError):  # the reader went away, or stderr was closed at exit
             return
 
 
 @contextlib.contextmanager
-def phase(what: str, detail: Callable[[], str] | None = None) -> Iterator[None]:
-    """Name the step the block runs ("training the vocabulary"); `detail()`, if given, adds how far it has
-    got ("3 of 8 sources") to the lines the watchdog prints."""
-    entry = (what, time.monotonic(), detail)
+def phase(what: str) -> Iterator[None]:
+    """Name the step the block runs ("training the vocabulary"), for the lines the watchdog prints."""
+    entry = (what, time.monotonic())
     with _lock:
         _phases.append(entry)
     try:

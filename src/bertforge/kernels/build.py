@@ -46,7 +46,6 @@ from typing import Any
 import torch
 
 from ..errors import Stopped
-from ..heartbeat import phase
 
 HERE = Path(__file__).parent
 SOURCES = ("varlen_attention.cpp", "disentangled_attention.cpp", "attention_train.cpp", "dropout.cpp",
@@ -230,7 +229,7 @@ def build_lock(folder: Path) -> Iterator[None]:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
             say(f"waiting for the native kernels' build that {holder} is running in {folder}")
             started = time.monotonic()
-            with _signals_end_the_wait(), phase("waiting for the native kernels' build"):
+            with _signals_end_the_wait():  # says "still waiting" itself every PROGRESS_EVERY_S
                 last = started
                 while True:
                     try:
@@ -295,7 +294,7 @@ def load(build: Build) -> float | None:
 
 def _compile(build: Build) -> None:
     """Compile and load `build` (its lock held), announcing it and showing progress; writes the marker last."""
-    from torch.utils.cpp_extension import load as torch_load
+    from torch.utils.cpp_extension import load as build_extension
 
     sources = _stage(build)
     build.marker.unlink(missing_ok=True)
@@ -319,8 +318,8 @@ def _compile(build: Build) -> None:
     ticker = threading.Thread(target=tick, name="bertforge-kernels-progress", daemon=True)
     ticker.start()
     try:
-        torch_load(name=build.name, sources=sources, extra_cflags=list(build.cflags), build_directory=str(build.folder),
-                   is_python_module=False, verbose=False)
+        build_extension(name=build.name, sources=sources, extra_cflags=list(build.cflags),
+                        build_directory=str(build.folder), is_python_module=False, verbose=False)
     finally:
         stop.set()
         ticker.join()
