@@ -66,3 +66,32 @@ def test_a_port_in_use_is_refused_in_one_line_before_loading(minilm_dir):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{taken}" in lines[0] and "--port" in lines[0], lines
     assert "serving" not in result.stderr
+
+
+def test_requests_in_flight_past_the_grace_get_503_and_the_exit_is_bounded(minilm_dir):
+    """Four large /embed requests (thousands of rows each: seconds of model work) and SIGTERM with a 1 s grace:
+    each used to get a 500 and a CancelledError traceback, and the process ran on to the end of the batch in the
+    model (64-270 s). Now every one is answered 503 with the shutdown message, no traceback is printed, and the
+    process exits within the grace plus one batch (of at most 32 rows) of its last request."""
+    texts = [f"sentence number {i} " + "with quite a few words in it to make the rows long " * 12 for i in range(2048)]
+    with running_server(minilm_dir, "--shutdown-grace-s", "1") as (port, proc):
+        answers: list[tuple[int, dict]] = []
+        threads = [threading.Thread(target=lambda: answers.append(call(port, "/embed", {"inputs": texts})))
+                   for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)  # the requests are in: one in the model, three waiting for it
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        took = time.perf_counter() - sent
+        for thread in threads:
+            thread.join(timeout=30)
+        proc.log.seek(0)
+        log = proc.log.read().decode()
+    assert code == 0, log
+    assert [status for status, _ in answers] == [503] * 4, (answers, log)
+    assert all("shutting down" in body["error"] for _, body in answers)
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert "4 requests answered 503 at the end of the grace" in log, log
+    assert took < 1 + 10, (took, log)  # the grace, one batch, and uvicorn closing idle connections

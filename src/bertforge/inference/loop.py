@@ -7,11 +7,29 @@ what is left); the longest batch goes first, so memory peaks at the start rather
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import torch
 
 from ..data.batching import collate
+
+
+class Abandoned(Exception):
+    """The work was given up between two batches: a server whose shutdown grace has passed."""
+
+
+_ABANDON = threading.Event()
+
+
+def abandon_all() -> None:
+    """From now on every `run_sorted` in this process stops before its next batch, raising `Abandoned`.
+
+    A server past its shutdown grace calls it, so that it exits within one batch's time (at most
+    `batch_size` rows of the model's length) rather than a request's, which may hold thousands of rows.
+    Nothing resets it: it is for a process on its way out.
+    """
+    _ABANDON.set()
 
 
 def length_batches(lengths: list[int], batch_size: int) -> Iterator[list[int]]:
@@ -40,6 +58,8 @@ def run_sorted(features: list[dict], pad_id: int, batch_size: int, step: Callabl
 
         batches = tqdm(batches, desc="predict", unit="batch")
     for rows in batches:
+        if _ABANDON.is_set():
+            raise Abandoned("the server is shutting down")
         batch = collate([features[i] for i in rows], pad_id)
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}

@@ -202,7 +202,8 @@ def _features(tokenizer: Tokenizer, inputs: list[str | list[int]], max_length: i
 @torch.no_grad()
 def embed(model, tokenizer: Tokenizer, texts: list[str | list[int]], pooling: str = "mean", normalize: bool = False,
           batch_size: int = 32, max_length: int | None = None, progress: bool = False,
-          sentence: SentencePipeline | None = None, truncation_side: str = "right") -> np.ndarray:
+          sentence: SentencePipeline | None = None, truncation_side: str = "right",
+          prompt: str | None = None) -> np.ndarray:
     """Sentence vectors, float32 [len(texts), D].
 
     With `sentence` (read from a sentence-transformers directory by `read_sentence_dir`), its
@@ -210,7 +211,8 @@ def embed(model, tokenizer: Tokenizer, texts: list[str | list[int]], pooling: st
     as sentence-transformers applies them. Otherwise `pooling` is one of sentence-transformers'
     modes (mean over real tokens, cls, max, ...) or "pooler" (the backbone's tanh pooler).
     An input may also be a list of token ids, used as given (no prompt, no special tokens added).
-    A long input is cut on `truncation_side` ("right", or "left" to keep its end).
+    A long input is cut on `truncation_side` ("right", or "left" to keep its end). `prompt`, when given,
+    replaces the directory's default prompt (as `SentenceTransformer.encode(prompt=...)` does; "" for none).
     """
     if sentence is None:
         if pooling not in EMBED_POOLING:
@@ -223,8 +225,9 @@ def embed(model, tokenizer: Tokenizer, texts: list[str | list[int]], pooling: st
         raise InputError("this model has no pooler; use --pooling mean or cls")
     if sentence.lowercase:
         tokenizer = tokenizer.lowercased()
-    if sentence.prompt:
-        texts = [sentence.prompt + t if isinstance(t, str) else t for t in texts]
+    prompt = sentence.prompt if prompt is None else prompt
+    if prompt:
+        texts = [prompt + t if isinstance(t, str) else t for t in texts]
     max_length = min(sentence.max_length or max_length or tokenizer.model_max_length,
                      backbone.config.max_sequence_length)
 

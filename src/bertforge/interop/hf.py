@@ -15,6 +15,9 @@ import json
 import logging
 import pickle
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,21 @@ from ..models.registry import ARCHITECTURES, FAMILIES, HEADS, Family, HeadInfo, 
 from ..safefiles import atomic_write
 
 log = logging.getLogger("bertforge")
+
+# Set while a resumed run builds its model: the head's weights are about to come from the run's checkpoint, so
+# a head missing from --model is expected, not news.
+_HEADS_FROM_CHECKPOINT: ContextVar[bool] = ContextVar("heads_from_checkpoint", default=False)
+
+
+@contextmanager
+def heads_from_checkpoint(resuming: bool = True) -> Iterator[None]:
+    """Within it (when `resuming`), a head missing from the directory loaded is not warned about as random:
+    a resumed run restores it from its checkpoint right after."""
+    token = _HEADS_FROM_CHECKPOINT.set(resuming)
+    try:
+        yield
+    finally:
+        _HEADS_FROM_CHECKPOINT.reset(token)
 
 def _compile(table: list[tuple[str, str]], prefix: str, reverse: bool) -> list[tuple[re.Pattern, str]]:
     """Regexes for one direction of the table; each `{i}`-style placeholder (a layer number, or ALBERT's
@@ -324,7 +342,10 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
     head_missing = [k for k in report.missing_keys if k not in backbone_missing]
     if backbone_missing:
         raise CheckpointError(_missing_backbone(path, config.model_type, model, backbone_missing, state))
-    if head_missing:
+    if head_missing and _HEADS_FROM_CHECKPOINT.get():
+        log.info("%s: %s head weights to be restored from the checkpoint resumed: %s",
+                 path, cls.__name__, ", ".join(head_missing))
+    elif head_missing:
         log.warning("%s: new %s head weights, initialised randomly (train before use): %s",
                     path, cls.__name__, ", ".join(head_missing))
     if report.unexpected_keys:

@@ -86,8 +86,10 @@ class SentencePipeline:
     steps: list[tuple[str, Any]] = field(default_factory=lambda: [("pool", ("mean",))])
     max_length: int | None = None
     lowercase: bool = False
-    prompt: str = ""
+    prompt: str = ""  # the default prompt (default_prompt_name's), put before every text
     similarity: str = "cosine"
+    prompts: dict[str, str] = field(default_factory=dict)  # every named prompt ("query": "query: ", ...)
+    prompt_excluded_by: Path | None = None  # a Pooling config saying include_prompt: false (not implemented)
 
     @property
     def pooling(self) -> tuple[str, ...]:
@@ -241,9 +243,14 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
         if similarity not in SIMILARITIES:
             raise ConfigError(f"{st_file}: similarity_fn_name {similarity!r}; supported: {', '.join(SIMILARITIES)}")
         pipeline.similarity = similarity
+        prompts = st.get("prompts") or {}
+        if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in prompts.items()):
+            raise ConfigError(f"{st_file}: key 'prompts' must map names to strings")
+        pipeline.prompts = {k: v for k, v in prompts.items()}
+        pipeline.prompt_excluded_by = prompt_excluded_by
         name = st.get("default_prompt_name")
         if name:
-            prompts = st.get("prompts") or {}
             if name not in prompts:
                 raise ConfigError(f"{st_file}: default_prompt_name {name!r} is not one of the prompts")
             pipeline.prompt = prompts[name]

@@ -362,8 +362,11 @@ class DebertaV2Model(BertModel):
         super().__init__(config, add_pooling_layer=add_pooling_layer)
         if config.relative_attention:
             self.rel_embeddings = nn.Embedding(2 * config.relative_span, config.hidden_size)
-            norms = [x.strip() for x in config.norm_rel_ebd.lower().split("|")]
-            self.rel_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if "layer_norm" in norms else None
+        # The distance table's LayerNorm exists whenever the config names it, as in transformers, even where no
+        # table is built (relative_attention off): unused then, but part of the checkpoint, so a directory saved
+        # here loads there without missing keys (and one saved there keeps its tensor here).
+        norms = [x.strip() for x in config.norm_rel_ebd.lower().split("|")]
+        self.rel_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if "layer_norm" in norms else None
         self.conv = Convolution(config) if config.conv_kernel_size else None
         self.init_weights()
 

@@ -5,18 +5,26 @@ operational endpoints (/health, /info, /metrics, offline /docs). The model endpo
 
 
 import errno
+import json
 import logging
 import secrets
 import signal
 import socket
 import sys
 import time
+from contextvars import ContextVar
 from pathlib import Path
 
 from ..errors import InputError
+from ..inference.loop import Abandoned, abandon_all
 from .batching import Admission, Overloaded, TokenBatcher
-from .errors import Refused, describe, error_body
+from .errors import Refused, describe, error_body, json_problem
 from .metrics import ServerMetrics, matched_route, route_label
+from .schemas import IGNORED
+
+# The body of the request being answered, as the middleware read it: a body FastAPI cannot parse is diagnosed
+# from it (what is wrong, at which byte), where FastAPI says only that parsing failed.
+BODY: ContextVar[bytes] = ContextVar("request_body", default=b"")
 from .service import Limits, Service
 
 log = logging.getLogger("bertforge")
@@ -56,9 +64,17 @@ def swagger_static() -> Path:
 class Drain:
     """The server's orderly stop. Once `begin` is called (the first SIGTERM or Ctrl-C), every new request
     is answered 503 and the server exits when the requests already in flight have finished, or when
-    `grace_s` has passed. `in_flight` counts the requests the application is answering now."""
+    `grace_s` has passed. `in_flight` counts the requests the application is answering now.
+
+    At the end of the grace, the requests still in flight are abandoned (`on_grace_end`): those waiting for a
+    batch are answered 503 at once, and the batch in the model stops before its next batch of rows (the one
+    inference loop checks between batches), so its requests are answered 503 too. The process then exits
+    within the grace plus one batch's time, every request answered, rather than cut off mid-answer."""
 
     QUIET_S = 0.25  # a request can be on the wire when the last one ends: wait this long with none in flight
+    # After the grace, how long abandoned requests may take to be answered: one batch's time, bounded for a
+    # client that never finishes sending its body (whose request is then cut off, as uvicorn does).
+    ABANDON_LIMIT_S = 30.0
 
     def __init__(self, grace_s: float = 25.0) -> None:
         self.grace_s = grace_s
@@ -66,6 +82,9 @@ class Drain:
         self.in_flight = 0
         self.finished_after = 0  # requests that were in flight at the signal and finished since
         self.last_seen = 0.0
+        self.abandoned_at: float | None = None
+        self.abandoned = 0  # requests in flight when the grace ended
+        self.on_grace_end = lambda: None  # what `create_app` abandons the work in flight with
 
     @property
     def draining(self) -> bool:
@@ -78,19 +97,38 @@ class Drain:
               "a second signal stops at once", file=sys.stderr, flush=True)
 
     def done(self) -> bool:
-        """True once the drain is over: nothing in flight for QUIET_S, or the grace period spent."""
+        """True once the drain is over: nothing in flight for QUIET_S, or, after the grace, the requests then in
+        flight answered 503 (or ABANDON_LIMIT_S spent on them)."""
         now = time.monotonic()
         if self.since is None:
             return False
-        if self.in_flight == 0 and now - self.last_seen >= self.QUIET_S:
+        if self.abandoned_at is None and self.in_flight == 0 and now - self.last_seen >= self.QUIET_S:
             print(f"bertforge: drained ({self.finished_after} requests finished after the signal); stopped",
                   file=sys.stderr, flush=True)
             return True
-        if now - self.since >= self.grace_s:
+        if self.abandoned_at is None and now - self.since >= self.grace_s:
+            self.abandoned_at, self.abandoned = now, self.in_flight
             print(f"bertforge: --shutdown-grace-s {self.grace_s:g} s passed with {self.in_flight} requests in flight;"
-                  " they are cut off", file=sys.stderr, flush=True)
-            return True
+                  " they are answered 503 when the batch in the model ends", file=sys.stderr, flush=True)
+            self.on_grace_end()
+        if self.abandoned_at is not None:
+            if self.in_flight == 0:
+                print(f"bertforge: stopped ({self.abandoned} requests answered 503 at the end of the grace, "
+                      f"{now - self.abandoned_at:.1f} s after it)", file=sys.stderr, flush=True)
+                return True
+            if now - self.abandoned_at >= self.ABANDON_LIMIT_S:
+                print(f"bertforge: {self.in_flight} requests still unanswered {self.ABANDON_LIMIT_S:g} s after the "
+                      "grace; they are cut off", file=sys.stderr, flush=True)
+                return True
         return False
+
+
+def ignored_header(fields: list[str], most: int = 10) -> str:
+    """The X-Bertforge-Ignored header's value: the fields, as JSON escapes them to ASCII (a header is Latin-1 and a
+    client's key may be anything), at most `most` of them and 1,000 characters."""
+    said = ", ".join(json.dumps(f)[1:-1] for f in fields[:most])
+    said = said if len(said) <= 1000 else said[:997] + "..."
+    return said + (f", and {len(fields) - most} more" if len(fields) > most else "")
 
 
 def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None = None):
@@ -119,6 +157,16 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
                                       metrics.observer(name))
         metrics.queue.labels(name).set_function(lambda b=batchers[name]: b.queued)
 
+    shutting_down = ("the server is shutting down; send this request to another replica or retry once it is back",
+                     {"Connection": "close", "Retry-After": "1"})
+
+    def abandon() -> None:
+        abandon_all()  # the batch in the model stops before its next rows
+        for batcher in batchers.values():
+            batcher.abandon(Abandoned("the server is shutting down"))
+
+    drain.on_grace_end = abandon
+
     async def submit(name: str, items: list, tokens: int) -> list:
         """Run `items` (holding `tokens` tokens) through endpoint `name`'s batcher, if admitted."""
         if name not in batchers:
@@ -142,15 +190,21 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
         if drain.draining:
             # Health answers 503 too, so a load balancer or readiness probe takes this replica out.
             drain.last_seen = time.monotonic()
-            response = error_response(path, 503, "the server is shutting down; send this request to another "
-                                                 "replica or retry once it is back", {"Connection": "close",
-                                                                                     "Retry-After": "1"})
+            response = error_response(path, 503, *shutting_down)
             metrics.track(route_label(request.scope), 503, time.perf_counter() - started)
             return response
         drain.in_flight += 1
+        ignored: list[str] = []  # fields validation accepted without effect (`options.x`): said back in a header
+        token = IGNORED.set(ignored)
         try:
-            return await answer(request, call_next, path, started)
+            response = await answer(request, call_next, path, started)
+            if ignored and response.status_code < 400:
+                said = ignored_header(ignored)
+                response.headers["X-Bertforge-Ignored"] = said
+                log.info("%s: ignored %s (accepted for the client's sake; no effect here)", path, said)
+            return response
         finally:
+            IGNORED.reset(token)
             drain.in_flight -= 1
             drain.last_seen = time.monotonic()
             if drain.draining:
@@ -171,7 +225,7 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
         if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
             response = error_response(path, 413, f"request body of {declared} bytes exceeds the limit of "
                                                  f"{limits.max_body_bytes} bytes (--max-body-bytes)")
-        elif request.method == "POST" and len(await request.body()) > limits.max_body_bytes:
+        elif request.method == "POST" and len(body := await request.body()) > limits.max_body_bytes:
             # also catches chunked bodies that declared no length
             response = error_response(path, 413, f"request body exceeds the limit of {limits.max_body_bytes} bytes "
                                                  "(--max-body-bytes)")
@@ -180,6 +234,8 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
             response = error_response(path, 415, "send the body as JSON, with 'Content-Type: application/json' "
                                                  f"(got {repr(got) if got else 'no Content-Type'})")
         else:
+            if request.method == "POST":
+                BODY.set(body)
             response = await call_next(request)
         metrics.track(route_label(request.scope, app.router.routes), response.status_code,
                       time.perf_counter() - started)
@@ -192,24 +248,29 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
         problems = exc.errors()
         first = problems[0] if problems else {}
         if first.get("type") == "json_invalid":
-            return error_response(request.url.path, 400, "malformed JSON: "
-                                  f"{first.get('ctx', {}).get('error', 'cannot parse the body')}")
+            return error_response(request.url.path, 400, json_problem(BODY.get()))
         status, message, field, kind = describe(first, limit_flags)
         return error_response(request.url.path, status, message, param=field, kind=kind)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         # FastAPI's own errors (a body that is not UTF-8, an unknown path, a wrong method) in the same shape
-        headers = exc.headers
+        headers, detail = exc.headers, str(exc.detail)
+        if exc.status_code == 400 and detail == "There was an error parsing the body":  # not UTF-8, too deep
+            detail = json_problem(BODY.get())
         if exc.status_code == 405:  # GET / and POST / are two routes: Allow names the methods of both
             methods = {m for r in app.router.routes if r.matches(request.scope)[0] != Match.NONE
                        for m in getattr(r, "methods", ())}
             headers = {**(headers or {}), "Allow": ", ".join(sorted(methods))}
-        return error_response(request.url.path, exc.status_code, str(exc.detail), headers)
+        return error_response(request.url.path, exc.status_code, detail, headers)
 
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused):
         return error_response(request.url.path, exc.status, str(exc), param=exc.param, kind=exc.kind, code=exc.code)
+
+    @app.exception_handler(Abandoned)
+    async def abandoned(request: Request, exc: Abandoned):
+        return error_response(request.url.path, 503, *shutting_down)
 
     @app.exception_handler(Overloaded)
     async def overloaded(request: Request, exc: Overloaded):
@@ -316,6 +377,6 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: Lim
     announce = (f"bertforge: serving {model_dir} on http://{shown}:{port} (endpoints at /health and /info, API docs "
                 "at /docs, metrics at /metrics); Ctrl-C or SIGTERM drains and stops")
     # uvicorn's access log gives one line per request: client, method, path, status. Its own graceful
-    # shutdown follows the drain and has little left to wait for; this bounds it all the same.
-    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=max(1, int(shutdown_grace_s)))
+    # shutdown follows the drain, when every request has been answered: only idle connections are left to close.
+    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=2)
     _draining_server(config, drain, announce).run(sockets=[sock])

@@ -64,6 +64,16 @@ class TokenBatcher:
         await self.queue.put((items, tokens, future))
         return await future
 
+    def abandon(self, error: Exception) -> None:
+        """Answer every request still waiting for a batch with `error` (a server past its shutdown grace)."""
+        waiting = [self.held] if self.held is not None else []
+        self.held = None
+        while self.queue is not None and not self.queue.empty():
+            waiting.append(self.queue.get_nowait())
+        for _, _, future in waiting:
+            if not future.done():
+                future.set_exception(error)
+
     async def _next_batch(self) -> list[tuple]:
         loop = asyncio.get_running_loop()
         first = self.held or await self.queue.get()

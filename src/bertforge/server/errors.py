@@ -17,6 +17,8 @@ union-branch wording.
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,6 +27,46 @@ DIALECT = "dialect:"  # prefix of union tags in request bodies; a field's path i
 
 OPENAI_PATHS = ("/v1/embeddings", "/embeddings")
 COHERE_PATHS = ("/v1/rerank", "/v2/rerank", "/v1/embed", "/v2/embed")
+
+
+def json_problem(body: bytes) -> str:
+    """What is wrong with a request body that does not parse as JSON, and where: a byte offset into the body
+    (what a client can find in what it sent), with the line and column where the body has several lines."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (f"the body is not valid UTF-8: byte 0x{body[exc.start]:02x} at byte offset {exc.start} "
+                f"({exc.reason}); send JSON text in UTF-8")
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"byte offset {len(text[:exc.pos].encode())}" + (
+            f" (line {exc.lineno}, column {exc.colno})" if exc.lineno > 1 else "")
+        return f"malformed JSON at {where}: {exc.msg}"
+    except RecursionError:
+        depth, offset = _deepest(text)
+        return (f"the JSON nests {depth:,} arrays or objects deep, past what the parser reads (about "
+                f"{sys.getrecursionlimit():,}); the deepest opens at byte offset {offset}")
+    return "cannot parse the body as JSON"
+
+
+def _deepest(text: str) -> tuple[int, int]:
+    """(the deepest nesting of arrays and objects in JSON `text`, the byte offset where it opens); brackets inside
+    strings do not count."""
+    depth = deepest = at = 0
+    in_string = escaped = False
+    for i, ch in enumerate(text):
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, at = depth, i
+        elif ch in "]}":
+            depth -= 1
+    return deepest, len(text[:at].encode())
 
 
 def dialect_of(path: str) -> str:

@@ -2,7 +2,9 @@
 
 So /docs and /openapi.json state exactly what the server accepts: at most `max_texts` inputs per
 request, each non-blank, token ids inside the vocabulary. A field no route knows is refused, never
-ignored. Where a value may take several shapes (one text or a list; texts or token ids), the shape is
+ignored, with one exception: the Hugging Face Inference API's `options` object, whose keys beyond the two it
+documents are accepted and named back in the `X-Bertforge-Ignored` response header (and the log), as real
+clients (langchain's) send it whatever the server. Where a value may take several shapes (one text or a list; texts or token ids), the shape is
 chosen up front from the value itself (`choose`), so an error names the field of the shape the client
 sent, not of every shape tried. The dialects:
 - bertforge's own (`{"texts": [...]}` -> `{"results": [...]}`);
@@ -19,13 +21,41 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StringConstraints, Tag,
+                      model_validator)
 
 from .errors import DIALECT
 
 STRICT = ConfigDict(extra="forbid", strict=True)  # unknown fields refused; 0 is not false, "1" is not 1
+
+# The fields a request sent that were accepted without effect (`options.x`), for the response header: the server's
+# middleware sets a fresh list for each request, validation adds to it.
+IGNORED: ContextVar[list[str] | None] = ContextVar("ignored_fields", default=None)
+
+
+class InferenceOptions(BaseModel):
+    """The Hugging Face Inference API's `options`. Both documented keys hold here without doing anything: the
+    model is loaded before the server answers (`wait_for_model`), and the server keeps no cache (`use_cache`:
+    every answer is computed). Other keys are accepted and named back (`X-Bertforge-Ignored`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    wait_for_model: bool | None = Field(None, description="holds always: the model is loaded before any answer")
+    use_cache: bool | None = Field(None, description="holds always: no answer is cached, each is computed")
+
+    @model_validator(mode="after")
+    def _note_extra(self) -> InferenceOptions:
+        ignored = IGNORED.get()
+        if ignored is not None:
+            ignored.extend(f"options.{key}" for key in (self.model_extra or {}))
+        return self
+
+
+OPTIONS = Field(None, description="the Inference API's options: wait_for_model and use_cache hold already; other "
+                                  "keys are ignored and named in the X-Bertforge-Ignored header")
 
 
 def _whole_number(value: Any) -> Any:
@@ -71,13 +101,15 @@ NOT_BLANK = r"[^\s\u0085\ufeff]"
 TruncationDirection = Literal["left", "right", "Left", "Right"]
 TRUNCATE = Field(None, description="cut inputs longer than the model reads; null: the server's --auto-truncate")
 DIRECTION = Field("right", description="which end of a long input is cut")
-NO_PROMPTS = Field(None, description="not supported: bertforge reads no prompt names from the model directory")
+NO_PROMPTS = Field(None, description="not supported on this route (see /embed)")
+PROMPT_NAME = Field(None, description="one of the model's named prompts (config_sentence_transformers.json), put "
+                                      "before each text; null: its default prompt")
 
 
 def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", dimension: int = 768,
-                   vocab_size: int = 30522) -> dict[str, Any]:
-    """The request body classes of every route, for these limits, a `dimension`-wide embedding and a
-    vocabulary of `vocab_size` ids."""
+                   vocab_size: int = 30522, prompts: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The request body classes of every route, for these limits, a `dimension`-wide embedding, a
+    vocabulary of `vocab_size` ids and the model's named `prompts`."""
     Text = Annotated[str, StringConstraints(min_length=1, max_length=max_chars, pattern=NOT_BLANK)]
     TextList = Annotated[list[Text], Field(min_length=1, max_length=max_texts)]
     Long = Annotated[str, StringConstraints(min_length=1, pattern=NOT_BLANK)]  # may be truncated: see the module doc
@@ -90,6 +122,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
     OneOrMore = choose(_shape_of_list, one=Text, many=TextList)
     LongOneOrMore = choose(_shape_of_list, one=Long, many=LongList)
     Dimensions = count(ge=1, le=dimension) | None
+    PromptName = Literal[prompts] | None if prompts else type(None)  # the schema names the model's prompts
     TopK = count(ge=1) | None
 
     class Body(BaseModel):
@@ -130,12 +163,23 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
         truncate: bool | None = TRUNCATE
         truncation_direction: TruncationDirection = DIRECTION
         prompt_name: None = NO_PROMPTS
+        options: InferenceOptions | None = OPTIONS
+
+    class EmbedParameters(Body):
+        """The Inference API's feature-extraction parameters (the same settings as TEI's top-level fields)."""
+
+        normalize: bool | None = None
+        truncate: bool | None = None
+        truncation_direction: TruncationDirection | None = None
+        prompt_name: PromptName = PROMPT_NAME
 
     class TEIEmbed(TEIEmbedAll):
-        """TEI's body of /embed."""
+        """TEI's body of /embed, and the Inference API's feature-extraction (`parameters`)."""
 
         normalize: bool = Field(True, description="L2-normalise the vectors")
         dimensions: Dimensions = Field(None, description="keep the first N dimensions (then normalise)")
+        prompt_name: PromptName = PROMPT_NAME
+        parameters: EmbedParameters | None = Field(None, description="the Inference API's form of the settings above")
 
     Pair = Annotated[list[Long], Field(min_length=1, max_length=2)]
     PredictInput = choose(_shape_of_list, one=Long, many=Pair,
@@ -148,6 +192,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
         truncate: bool | None = TRUNCATE
         truncation_direction: TruncationDirection = DIRECTION
         raw_scores: bool = Field(False, description="the logits instead of the probabilities")
+        options: InferenceOptions | None = OPTIONS
 
     class TEIRerank(Body):
         """TEI's body of /rerank: answers [{index, score}], best first."""
@@ -166,7 +211,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
     class SimilarityParameters(Body):
         truncate: bool | None = TRUNCATE
         truncation_direction: TruncationDirection = DIRECTION
-        prompt_name: None = NO_PROMPTS
+        prompt_name: PromptName = PROMPT_NAME
 
     class TEISimilarity(Body):
         """TEI's body of /similarity (and the Inference API's sentence-similarity at /): cosine of each
@@ -174,6 +219,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
 
         inputs: SimilarityInput
         parameters: SimilarityParameters | None = None
+        options: InferenceOptions | None = OPTIONS
 
     class Tokenize(Body):
         """TEI's body of /tokenize."""
@@ -198,6 +244,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
 
         inputs: LongOneOrMore
         parameters: ClassifyParameters
+        options: InferenceOptions | None = OPTIONS
 
     class FillMaskParameters(Body):
         top_k: TopK = Field(None, description="predictions per mask (default 5)")
@@ -208,6 +255,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
 
         inputs: choose(_shape_of_list, one=Masked, many=MaskedList)
         parameters: FillMaskParameters | None = None
+        options: InferenceOptions | None = OPTIONS
 
     class TokenParameters(Body):
         aggregation_strategy: Literal["first", "average", "max"] | None = Field(
@@ -220,6 +268,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
 
         inputs: OneOrMore
         parameters: TokenParameters | None = None
+        options: InferenceOptions | None = OPTIONS
 
     class QAParameters(Body):
         top_k: count(ge=1, le=1) | None = Field(None, description="only the best answer is given")
@@ -232,6 +281,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
 
         inputs: QAItem
         parameters: QAParameters | None = None
+        options: InferenceOptions | None = OPTIONS
 
     # ------------------------------------------------------------------ OpenAI
     class OpenAIEmbeddings(Body):
@@ -241,9 +291,25 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
             ..., description="a text, a list of texts, or token ids of this model's vocabulary (a list, or a list "
                              "of lists), used as given")
         model: str = Field(..., description="the served model's name (see /info)")
-        encoding_format: Literal["float", "base64"] = "float"
+        encoding_format: Literal["float", "base64"] | None = Field("float", description="null: float (Voyage)")
         dimensions: Dimensions = Field(None, description="keep the first N dimensions, then re-normalise")
         user: str | None = Field(None, description="accepted and not used")
+        # Jina's embedding fields.
+        task: str | None = Field(None, description="Jina's task: retrieval.query / retrieval.passage (or any prompt "
+                                                   "name of the model) choose the model's prompt")
+        normalized: bool | None = Field(None, description="Jina's: L2-normalise (true) or not (false); null: as the "
+                                                          "model does")
+        embedding_type: Literal["float", "base64", "binary", "ubinary"] | None = Field(
+            None, description="Jina's output type: float, base64 (float32 bytes), or packed sign bits")
+        late_chunking: bool | None = Field(None, description="Jina's late chunking: only false (or null)")
+        truncate: bool | None = Field(None, description="Jina's: cut inputs longer than the model reads")
+        # Voyage's embedding fields.
+        input_type: Literal["query", "document"] | None = Field(None, description="Voyage's: chooses the model's "
+                                                                                  "query or document prompt")
+        truncation: bool | None = Field(None, description="Voyage's: cut inputs longer than the model reads")
+        output_dimension: Dimensions = Field(None, description="Voyage's name for dimensions")
+        output_dtype: Literal["float", "binary", "ubinary"] | None = Field(
+            None, description="Voyage's output type; int8 and uint8 are refused (their calibration is not published)")
 
     # ------------------------------------------------------------------ Cohere and Jina
     class Document(Body):
@@ -266,7 +332,8 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
         texts: LongList
         model: str | None = None
         input_type: Literal["search_document", "search_query", "classification", "clustering"] | None = Field(
-            None, description="accepted; a bertforge model has no per-type prompts, so it does not change the vectors")
+            None, description="chooses the model's prompt of that kind (query or document side); a model without "
+                              "named prompts is unchanged by it")
         # int8 and uint8 are left out: they need a calibration range that Cohere does not publish.
         embedding_types: Annotated[list[Literal["float", "base64", "binary", "ubinary"]], Field(min_length=1)] | None = \
             Field(None, description="float (default), base64 (float32 bytes), binary or ubinary (packed sign bits); "

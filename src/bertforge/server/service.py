@@ -185,10 +185,12 @@ class Service:
         return out
 
     # ------------------------------------------------------------------ runners
-    def embed_vectors(self, inputs: list[str | list[int]], side: str = "right") -> list[np.ndarray]:
-        """Sentence vectors before any final normalisation, float32 [D] each; a long input is cut on `side`."""
+    def embed_vectors(self, inputs: list[str | list[int]], side: str = "right",
+                      prompt: str | None = None) -> list[np.ndarray]:
+        """Sentence vectors before any final normalisation, float32 [D] each; a long input is cut on `side`;
+        `prompt` replaces the default prompt (None: the directory's default)."""
         return list(pipelines.embed(self.backbone, self.tokenizer, inputs, sentence=self.raw_sentence,
-                                    truncation_side=side))
+                                    truncation_side=side, prompt=prompt))
 
     def classify_items(self, items: list[tuple[str, str | None]], side: str = "right") -> list[dict]:
         """(text, pair or None) items from any mix of requests: singles and pairs run as two batches.

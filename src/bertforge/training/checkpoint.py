@@ -36,6 +36,16 @@ from ..safefiles import fsync_path, fsync_tree, refusing_writes
 
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
+# trainer_state.json's layout. A checkpoint names the version it was written in; one this bertforge does not know,
+# or a key missing or unknown, is refused: read as best it could be, it would restart the epoch's data (or worse)
+# and the resumed model would differ from the uninterrupted run's without a word. Checkpoints from before the field
+# existed hold version 1's keys.
+FORMAT_VERSION = 1
+_STATE_KEYS: dict[str, tuple[type, ...]] = {  # the keys every checkpoint holds, and their JSON types
+    "step": (int,), "epoch": (int,), "position": (int,), "horizon": (int, type(None)), "elapsed": (int, float),
+    "rng": (dict,), "run": (dict,)}
+_OPTIONAL_KEYS = {"format_version", "best", "best_step", "stale_evals", "best_metrics", "config"}
+
 
 def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints under `root`, oldest first."""
@@ -92,7 +102,7 @@ def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], traine
             save_file({k: v.contiguous() for k, v in best_weights.items()}, tmp / "best.safetensors")
         if rank_rng is not None:
             torch.save({"torch_rng": rank_rng}, tmp / "rank_rng.pt")
-        state = dict(trainer_state, step=step, rng=rng_state())
+        state = dict(trainer_state, format_version=FORMAT_VERSION, step=step, rng=rng_state())
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
         fsync_tree(tmp)  # on the disk before its name says it is complete
     if final.exists():  # the same step saved again (e.g. the final save right after a periodic one)
@@ -116,11 +126,30 @@ def torch_files(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Cal
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
-    """`trainer_state.json` of checkpoint `path`."""
+    """`trainer_state.json` of checkpoint `path`, its version and every key checked (refused in one line)."""
+    file = path / "trainer_state.json"
     try:
-        return json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: cannot read checkpoint ({exc})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: holds a JSON {type(state).__name__}, not the object bertforge writes")
+    version = state.get("format_version", 1)
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise CheckpointError(f"{file}: format_version {version!r} is not one this bertforge reads (it reads "
+                              f"{FORMAT_VERSION}); resume it with the bertforge that wrote it")
+    for key, types in _STATE_KEYS.items():
+        if key not in state:
+            raise CheckpointError(f"{file}: key '{key}' is missing; the run cannot resume where it stopped "
+                                  "without it (start a new --out, or restore the file)")
+        if not isinstance(state[key], types) or isinstance(state[key], bool):
+            raise CheckpointError(f"{file}: key '{key}' is {state[key]!r}, not "
+                                  f"{' or '.join('null' if t is type(None) else t.__name__ for t in types)}")
+    unknown = sorted(set(state) - set(_STATE_KEYS) - _OPTIONAL_KEYS)
+    if unknown:
+        raise CheckpointError(f"{file}: key '{unknown[0]}' is not one bertforge writes in format_version "
+                              f"{FORMAT_VERSION}; was the file edited, or written by another version?")
+    return state
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

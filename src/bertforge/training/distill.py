@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from ..constants import IGNORE_INDEX
 from ..errors import BertforgeError
 from ..inference.backends import load as load_backend
-from ..interop.hf import load_for_task, read_config
+from ..interop.hf import heads_from_checkpoint, load_for_task, read_config
 from ..jsonfile import dumps
 from ..models.distillation import cut_down, student_layers
 from ..models.registry import TASK_ARCHITECTURES
@@ -178,7 +178,8 @@ def _run_one(cfg: DistillConfig, out: Path) -> dict[str, Any]:
         if Path(cfg.model).is_dir() and load_tokenizer(cfg.model).get_vocab() != tokenizer.get_vocab():
             raise BertforgeError(f"--model {cfg.model}: its vocabulary is not the teacher's; the student must read "
                                  f"the same tokens as {cfg.teacher}")
-        student, task = build(cfg, tokenizer, cfg.train, cfg.dev)
+        with heads_from_checkpoint(cfg.resume and (out / "checkpoints").is_dir()):
+            student, task = build(cfg, tokenizer, cfg.train, cfg.dev)
         if student.config.num_labels != teacher.config.num_labels or (
                 cfg.task in ("classify", "ner") and student.config.id2label != teacher.config.id2label):
             raise BertforgeError(f"--model {cfg.model}: its labels ({student.config.label_names}) are not the "

@@ -22,7 +22,7 @@ import torch
 from ..data.classification import Columns
 from ..errors import BertforgeError, InputError
 from ..heartbeat import phase
-from ..interop.hf import load_for_task, read_config, save_pretrained
+from ..interop.hf import heads_from_checkpoint, load_for_task, read_config, save_pretrained
 from ..jsonfile import dumps
 from ..models.config import BertConfig
 from ..models.registry import TASK_ARCHITECTURES
@@ -80,7 +80,8 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
         return json.loads((out / "eval_results.json").read_text(encoding="utf-8"))  # this seed had finished
     torch.manual_seed(cfg.seed)
     tokenizer = _load_tokenizer(cfg)
-    with phase("reading and tokenising the data"):
+    resuming = cfg.resume and (out / "checkpoints").is_dir()
+    with phase("reading and tokenising the data"), heads_from_checkpoint(resuming):
         model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
     results = train_and_export(cfg, out, model, task, tokenizer)
     (out / "eval_results.json").write_text(dumps(results, indent=2) + "\n", encoding="utf-8")

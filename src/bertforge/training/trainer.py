@@ -119,14 +119,41 @@ class Trainer:
         per_step = self.config.grad_accum * self.world
         return self.task.micro_batches_per_epoch(epoch) // per_step
 
-    def _initial_horizon(self) -> int | None:
-        c = self.config
-        candidates = []
+    def _rule_steps(self) -> dict[str, int]:
+        """The step each step-counting stopping rule given ends the run at."""
+        c, rules = self.config, {}
         if c.max_steps is not None:
-            candidates.append(c.max_steps)
+            rules["--max-steps"] = c.max_steps
         if c.epochs is not None:
-            candidates.append(max(1, math.ceil(c.epochs * self._steps_per_epoch(0))))
-        return min(candidates) if candidates else None
+            rules["--epochs"] = max(1, math.ceil(c.epochs * self._steps_per_epoch(0)))
+        return rules
+
+    def _initial_horizon(self) -> int | None:
+        return min(self._rule_steps().values(), default=None)
+
+    def _last_step(self) -> int | None:
+        """The step the run stops at, where it is known: the schedule's end, or a rule that comes first (a resume
+        may lower one; the schedule keeps the length it started with, so the steps taken stay the same)."""
+        known = [n for n in (self.state["horizon"], *self._rule_steps().values()) if n is not None]
+        return min(known) if known else None
+
+    def _resume_note(self, step: int) -> str:
+        """What a resumed run will do, in one line: the stopping rules count the whole run, not this session."""
+        c, elapsed, horizon = self.config, self.state["elapsed"], self.state["horizon"]
+        parts = [f"resuming at step {step}, after {elapsed:.1f} s of training"]
+        rules = self._rule_steps()
+        first = min(rules, key=rules.get) if rules else None
+        if horizon is not None and (first is None or rules[first] >= horizon):
+            parts.append(f"it stops at step {horizon}, the end of the learning-rate schedule fixed when it started"
+                         + (f" ({first} would reach step {rules[first]})" if first and rules[first] > horizon else ""))
+        elif first is not None:
+            parts.append(f"it stops at step {rules[first]} ({first}" + (
+                f"; the learning-rate schedule keeps its length of {horizon} steps)" if horizon else ")"))
+        if c.time_budget is not None:
+            left = max(0.0, c.time_budget - elapsed)
+            parts.append(f"--time-budget {c.time_budget:g} s counts the whole run, so {left:.1f} s are left"
+                         + ("" if left else f" (give more than {elapsed:.0f} to train further)"))
+        return "; ".join(parts)
 
     def _lr_factor(self, step: int) -> float:
         horizon = self.state["horizon"]
@@ -197,6 +224,8 @@ class Trainer:
             self.on_start()
         if dist.is_main():
             print(f"precision: {self.precision} ({self.precision_reason})", file=sys.stderr, flush=True)
+            if resume:
+                print(self._resume_note(step), file=sys.stderr, flush=True)
         if not resume:
             self.state["horizon"] = self._initial_horizon()
             if dist.is_main() and self.metrics_file.exists():  # a fresh run's log starts empty
@@ -251,7 +280,7 @@ class Trainer:
                 self.state["horizon"] = step + max(1, int(remaining / per_step))
                 self.state["horizon"] = dist.broadcast_int(self.state["horizon"])
                 if bar is not None:
-                    bar.total = self.state["horizon"]
+                    bar.total = self._last_step()
 
             stop_reason = self._stop_reason(step)
             evaluate_now = bool((c.eval_every and (step % c.eval_every == 0 or stop_reason))
@@ -272,7 +301,7 @@ class Trainer:
                     # evaluations are reported as they happen either way.
                     now = time.perf_counter()
                     if evaluate_now or stop_reason or (bar is None and now - reported_at >= REPORT_EVERY_S):
-                        line = progress_line(step, self.state["horizon"], row)
+                        line = progress_line(step, self._last_step(), row)
                         bar.write(line, file=sys.stderr) if bar is not None else print(line, file=sys.stderr, flush=True)
                         reported_at = now
             if bar is not None:
@@ -487,7 +516,7 @@ class Trainer:
     def _progress_bar(self, initial: int):
         from tqdm import tqdm
 
-        return tqdm(total=self.state["horizon"], initial=initial, unit="step", dynamic_ncols=True, desc="train")
+        return tqdm(total=self._last_step(), initial=initial, unit="step", dynamic_ncols=True, desc="train")
 
 
 # How much of a time budget the steps that fix the schedule's length span. Steps 10-30 alone took about a second

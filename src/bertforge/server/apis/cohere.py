@@ -72,7 +72,7 @@ def add(api: Api) -> None:
                 truncate = body.truncate != "NONE"
                 counts = api.counted(body.texts, "texts", limit, truncate, hint="; send truncate END or START to cut it")
                 side = "left" if body.truncate == "START" else "right"
-                found = await api.vectors(body.texts, counts, side)
+                found = await api.vectors(body.texts, counts, side, api.prompt("input_type", kind=body.input_type))
                 vectors = np.stack(normalized(found, body.output_dimension, service.normalizes))
                 kinds = body.embedding_types
                 answer = {"id": str(uuid.uuid4()), "texts": body.texts, "meta": meta(version, sum(min(n, limit)

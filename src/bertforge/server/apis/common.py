@@ -39,7 +39,7 @@ class Api:
         # A token id must name a row of the embedding matrix and a token the tokenizer can decode.
         ids = min(service.tokenizer.vocab_size, service.config.vocab_size)
         self.bodies = request_models(self.limits.max_texts, self.limits.max_chars, service.tokenizer.mask_token,
-                                     service.dimension, ids)
+                                     service.dimension, ids, tuple(sorted(service.sentence.prompts)))
 
     def post(self, path: str, dialect: str, summary: str) -> Callable:
         """Register a POST route whose errors come in `dialect`'s shape."""
@@ -69,10 +69,41 @@ class Api:
         return counts
 
     # ------------------------------------------------------------------ model calls
-    async def vectors(self, inputs: list, counts: list[int], side: str = "right") -> list[np.ndarray]:
-        """Sentence vectors (before the model's own normalisation) of texts or token-id lists."""
+    async def vectors(self, inputs: list, counts: list[int], side: str = "right",
+                      prompt: str | None = None) -> list[np.ndarray]:
+        """Sentence vectors (before the model's own normalisation) of texts or token-id lists, with `prompt`
+        before each text (None: the model's default prompt; see `prompt`)."""
         most = self.service.embed_max_tokens
-        return await self.submit("embed", [(x, (side,)) for x in inputs], sum(min(n, most) for n in counts))
+        return await self.submit("embed", [(x, (side, prompt)) for x in inputs], sum(min(n, most) for n in counts))
+
+    # ------------------------------------------------------------------ prompts
+    def prompt(self, field: str, name: str | None = None, kind: str | None = None) -> str | None:
+        """The prompt a request asks for: by `name` (TEI's `prompt_name`: one of the model's prompts, or 422), or by
+        the `kind` of text (Jina's `task`, Voyage's and Cohere's `input_type`): the model's prompt of that name, else
+        of another name for the same side ("query"; "document", "passage", ...). None: the model's default prompt.
+
+        A kind asked of a model that has named prompts but none for that kind is refused: the vectors would not be
+        the ones asked for. A model without named prompts has nothing a kind could change: it is accepted."""
+        sentence = self.service.sentence
+        prompts = sentence.prompts
+        if name is None and kind is None:
+            return None
+        if prompts and sentence.prompt_excluded_by is not None:
+            raise Refused(422, f"{field}: this model's pooling excludes the prompt (include_prompt false in "
+                               f"{sentence.prompt_excluded_by}), which bertforge does not implement", param=field)
+        if name is not None:
+            if name not in prompts:
+                have = ", ".join(sorted(prompts)) or "none"
+                raise Refused(422, f"{field}: prompt '{name}' is not one of this model's prompts ({have})",
+                              param=field)
+            return prompts[name]
+        if not prompts:
+            return None
+        for candidate in (kind, *PROMPT_SIDES.get(SIDE_OF_KIND.get(kind, ""), ())):
+            if candidate in prompts:
+                return prompts[candidate]
+        raise Refused(422, f"{field}: '{kind}' asks for a prompt this model lacks (its prompts: "
+                           f"{', '.join(sorted(prompts))})", param=field)
 
     async def scores(self, query: str, texts: list[str], side: str = "right",
                      counts: list[int] | None = None) -> tuple[list, list[int]]:
@@ -89,6 +120,15 @@ class Api:
         if name is not None and name != self.service.name:
             raise Refused(404, f"model '{name}' is not served here; this server serves '{self.service.name}'",
                           param="model", code="model_not_found")
+
+
+# The prompt names each side of retrieval goes by (sentence-transformers models use "query" with "document",
+# "passage" or "corpus"), and the request kinds (Jina's tasks, Voyage's and Cohere's input types) of each side.
+PROMPT_SIDES = {"query": ("query", "search_query", "retrieval.query", "queries"),
+                "document": ("document", "passage", "corpus", "search_document", "retrieval.passage", "documents")}
+SIDE_OF_KIND = {"query": "query", "search_query": "query", "retrieval.query": "query", "code.query": "query",
+                "document": "document", "search_document": "document", "retrieval.passage": "document",
+                "code.passage": "document"}
 
 
 def side_of(direction: str) -> str:

@@ -1,15 +1,32 @@
 """OpenAI's embeddings route, as the `openai` SDK calls it: POST /v1/embeddings (and TEI's unversioned
 /embeddings). `input` is a text, a list of texts, or token ids of this model's vocabulary (a list, or a
 list of lists), which are used as given, as TEI uses them: nothing is added, so send [CLS] and [SEP]
-yourself (/tokenize gives them). A long input is refused (400), as OpenAI refuses it. (No `from __future__
-import annotations`: FastAPI reads the handlers' annotations.)"""
+yourself (/tokenize gives them). A long input is refused (400), as OpenAI refuses it.
+
+Jina's and Voyage's embedding APIs are OpenAI's route with more fields, and their clients post them here:
+the query or document side (Jina's `task`, Voyage's `input_type`) chooses the model's prompt of that side;
+`normalized`, `truncate`/`truncation`, `output_dimension`, and the packed-bit output types are honoured. What
+would change the answer and cannot be honoured (Jina's late chunking, Voyage's int8) is refused by name.
+(No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)"""
 
 
 import base64
 
 import numpy as np
 
+from ..errors import Refused
+from .cohere import packed_bits
 from .common import Api, normalized
+
+
+def one_of(body, *names: str):
+    """The value of whichever of `names` (one setting under several APIs' names) the request gave; two that
+    disagree are refused (422)."""
+    given = [(n, getattr(body, n)) for n in names if getattr(body, n) is not None]
+    if len({repr(v) for _, v in given}) > 1:
+        (a, x), (b, y) = given[:2]
+        raise Refused(422, f"{a} is {x!r} and {b} is {y!r}: they are one setting, give it once", param=b)
+    return given[0][1] if given else None
 
 
 def add(api: Api) -> None:
@@ -18,19 +35,38 @@ def add(api: Api) -> None:
 
     async def embeddings(body: Body):
         api.check_model(body.model)
+        if body.late_chunking:
+            raise Refused(422, "late_chunking: true is not supported: it pools each chunk over the whole document's "
+                               "tokens, which bertforge does not implement", param="late_chunking")
         inputs = [body.input] if isinstance(body.input, str) or isinstance(body.input[0], int) else body.input
-        counts = api.counted(inputs, "input", service.embed_max_tokens, truncate=False, hint="")
-        found = await api.vectors(inputs, counts)
-        # Shortened vectors are re-normalised only for a model that normalises, as OpenAI's models do.
-        found = normalized(found, body.dimensions, service.normalizes)
+        truncate = bool(one_of(body, "truncate", "truncation"))
+        counts = api.counted(inputs, "input", service.embed_max_tokens, truncate=truncate,
+                             hint="; send truncate (Jina) or truncation (Voyage): true to cut it")
+        kind = one_of(body, "task", "input_type")
+        field = "task" if body.task is not None else "input_type"
+        found = await api.vectors(inputs, counts, prompt=api.prompt(field, kind=kind))
+        # The vectors come before the model's own Normalize: shortened ones are re-normalised only for a model that
+        # normalises, as OpenAI's models do, or as Jina's `normalized` says.
+        unit = service.normalizes if body.normalized is None else body.normalized
+        found = normalized(found, one_of(body, "dimensions", "output_dimension"), unit)
+        output = one_of(body, "embedding_type", "output_dtype")
+        if output is None or output == "float":
+            output = "base64" if body.encoding_format == "base64" else "float"
+        elif body.encoding_format == "base64" and output != "base64":
+            raise Refused(422, f"encoding_format base64 with {output} output: give one", param="encoding_format")
+
+        tokens = sum(min(n, service.embed_max_tokens) for n in counts)
 
         def encode(v: np.ndarray):
-            return (base64.b64encode(v.astype("<f4").tobytes()).decode() if body.encoding_format == "base64"
-                    else v.tolist())
+            if output == "base64":
+                return base64.b64encode(v.astype("<f4").tobytes()).decode()
+            if output in ("binary", "ubinary"):
+                return packed_bits(v[None], signed=output == "binary")[0]
+            return v.tolist()
 
         return {"object": "list", "model": service.name,
                 "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(found)],
-                "usage": {"prompt_tokens": sum(counts), "total_tokens": sum(counts)}}
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     api.post("/v1/embeddings", "openai", "OpenAI-compatible embeddings")(embeddings)
     api.post("/embeddings", "openai", "OpenAI-compatible embeddings (TEI's unversioned path)")(embeddings)

@@ -52,12 +52,25 @@ async def classify_pairs(api: Api, sequences: list[list[str]], truncate: bool, s
     return await api.submit("classify", items, sum(min(n, limit) for n in counts))
 
 
+def setting(body, name: str):
+    """A feature-extraction setting, given at the top level (TEI) or in `parameters` (the Inference API); given in
+    both with different values, refused (422) rather than one silently chosen."""
+    top, parameters = getattr(body, name), body.parameters
+    inner = getattr(parameters, name) if parameters is not None else None
+    if inner is None:
+        return top
+    if top is not None and name in body.model_fields_set and top != inner:
+        raise Refused(422, f"{name} is {top!r} and parameters.{name} is {inner!r}: give it once", param=name)
+    return inner
+
+
 async def embed_tei(api: Api, body) -> list:
     """TEI's /embed (and the Inference API's feature-extraction): a vector per input."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    counts = api.counted(texts, "inputs", api.service.embed_max_tokens, api.truncates(body.truncate))
-    found = await api.vectors(texts, counts, side_of(body.truncation_direction))
-    return [v.tolist() for v in normalized(found, body.dimensions, body.normalize)]
+    counts = api.counted(texts, "inputs", api.service.embed_max_tokens, api.truncates(setting(body, "truncate")))
+    prompt = api.prompt("prompt_name", name=setting(body, "prompt_name"))
+    found = await api.vectors(texts, counts, side_of(setting(body, "truncation_direction")), prompt)
+    return [v.tolist() for v in normalized(found, body.dimensions, setting(body, "normalize"))]
 
 
 async def predict_tei(api: Api, body) -> list:
@@ -88,7 +101,8 @@ async def similarity_tei(api: Api, body) -> list[float]:
     side = side_of(parameters.truncation_direction if parameters else "right")
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
     counts = api.counted(texts, "inputs.sentences", api.service.embed_max_tokens, truncate)
-    unit = np.stack(normalized(await api.vectors(texts, counts, side), None, True))
+    prompt = api.prompt("parameters.prompt_name", name=parameters.prompt_name if parameters else None)
+    unit = np.stack(normalized(await api.vectors(texts, counts, side, prompt), None, True))
     return [float(x) for x in unit[1:] @ unit[0]]
 
 
