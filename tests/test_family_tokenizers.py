@@ -42,7 +42,10 @@ def agree(ours, theirs) -> int:
     a = ours(ADVERSARIAL[:6], ADVERSARIAL[6:], padding=True, truncation=True, max_length=24, return_tensors="pt")
     b = theirs(ADVERSARIAL[:6], ADVERSARIAL[6:], padding=True, truncation=True, max_length=24, return_tensors="pt")
     assert set(a) == set(b) and all(a[k].tolist() == b[k].tolist() for k in a)
-    assert ours.decode(a["input_ids"][1].tolist()) == theirs.decode(b["input_ids"][1].tolist(), skip_special_tokens=True)
+    for skip in (False, True):  # transformers' default keeps the special tokens, and so does bertforge's
+        assert ours.decode(a["input_ids"][1].tolist(), skip_special_tokens=skip) == \
+            theirs.decode(b["input_ids"][1].tolist(), skip_special_tokens=skip)
+    assert ours.decode(a["input_ids"][1]) == theirs.decode(b["input_ids"][1])  # a tensor too
     return n + 1
 
 

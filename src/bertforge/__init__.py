@@ -20,7 +20,8 @@ _EXPORTS = {
     "BertForNextSentencePrediction": "models.heads",
     "BertForSequenceClassification": "models.heads", "BertForTokenClassification": "models.heads",
     "BertForQuestionAnswering": "models.heads",
-    "Tokenizer": "tokenization.tokenizer",
+    "Tokenizer": "tokenization.tokenizer", "BatchEncoding": "tokenization.tokenizer",
+    "pipeline": "inference.hf_pipeline",
     **{name: "models.roberta" for name in (
         "RobertaConfig", "RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
         "RobertaForTokenClassification", "RobertaForQuestionAnswering", "XLMRobertaConfig", "XLMRobertaModel",

@@ -125,12 +125,12 @@ def tokenizer_train(files: list[str], *, out: str, kind: Literal["wordpiece", "b
     tok.save(target)
     lowercase = kind == "wordpiece" and not cased
     result = {"out": str(target), "kind": kind, "arch": row.model_type, "tokenizer_class": row.tokenizer_class,
-              "vocab_size": tok.vocab_size, "lowercase": lowercase}
-    if tok.vocab_size < vocab_size:
+              "vocab_size": len(tok), "lowercase": lowercase}
+    if len(tok) < vocab_size:
         # --vocab-size is a ceiling: a trainer stops when no piece is left that passes its cuts.
         cut = (f"every piece seen at least {2 if min_frequency is None else min_frequency} times"
                if kind != "unigram" else "every piece SentencePiece keeps")
-        result["note"] = (f"{tok.vocab_size:,} pieces, not {vocab_size:,}: the text yields no more ({cut} is in); "
+        result["note"] = (f"{len(tok):,} pieces, not {vocab_size:,}: the text yields no more ({cut} is in); "
                           "--vocab-size is an upper bound. Train on more text"
                           + (" or lower --min-frequency" if kind != "unigram" else ""))
     show(result, json, "vocabulary written")

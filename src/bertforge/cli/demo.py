@@ -37,9 +37,9 @@ def run_demo(out: Path, preset: str = "tiny", vocab_size: int = 8000, seed: int 
     docs = list(stdlib_docstrings())
     print(f"corpus: {len(docs):,} standard-library docstrings, {sum(map(len, docs)) / 1e6:.1f} MB")
     tokenizer = Tokenizer.train(texts=docs, vocab_size=vocab_size, lowercase=True)
-    print(f"tokenizer: trained a WordPiece vocabulary of {tokenizer.vocab_size:,} in {time.perf_counter() - t0:.1f}s")
+    print(f"tokenizer: trained a WordPiece vocabulary of {len(tokenizer):,} in {time.perf_counter() - t0:.1f}s")
 
-    config = BertConfig.from_preset(preset, vocab_size=tokenizer.vocab_size, max_position_embeddings=128)
+    config = BertConfig.from_preset(preset, vocab_size=len(tokenizer), max_position_embeddings=128)
     model = BertForPreTraining(config)
     print(f"model: {preset} BERT, {model.num_parameters():,} parameters")
 

@@ -172,7 +172,7 @@ class MaskingCollator:
                  pack_to: int | None = None) -> None:
         self.config = config or MaskingConfig()
         self.pack_to = pack_to  # pack the examples into rows of this many tokens (None: one per row)
-        self.vocab_size = tokenizer.vocab_size
+        self.vocab_size = len(tokenizer)
         self.mask_id = tokenizer.mask_token_id
         self.pad_id = tokenizer.pad_token_id
         self.never_mask = np.array(sorted({tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}))

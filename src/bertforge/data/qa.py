@@ -179,8 +179,9 @@ def best_answers(examples: list[QAExample], features: list[dict], start_logits: 
     """(question id -> answer text, question id -> null score minus best span score).
 
     With `null_threshold` (v2), the answer is "" when null - best > threshold. `details`, when
-    given, is filled with question id -> {"score", "start", "end"} of the best span (softmax
-    probability of start and end over the window's candidates, and character offsets).
+    given, is filled with question id -> {"score", "start", "end"} of the best span (the product of its start's
+    and end's softmax probabilities over the window's context tokens, as transformers' pipeline scores it, and
+    character offsets).
     """
     by_example: dict[int, list[int]] = {}
     for i, f in enumerate(features):
@@ -203,9 +204,11 @@ def best_answers(examples: list[QAExample], features: list[dict], start_logits: 
                     if score > best_score:
                         best_score = score
                         best_text = example.context[offsets[s][0]:offsets[e][1]]
-                        if details is not None:
-                            prob = float(np.exp(starts[s] - np.logaddexp.reduce(starts))
-                                         * np.exp(ends[e] - np.logaddexp.reduce(ends)))
+                        if details is not None:  # as transformers' pipeline: softmax over the context's tokens
+                            context = np.array([i < len(offsets) and offsets[i] is not None
+                                                for i in range(len(starts))])
+                            prob = float(np.exp(starts[s] - np.logaddexp.reduce(starts[context]))
+                                         * np.exp(ends[e] - np.logaddexp.reduce(ends[context])))
                             details[example.id] = {"score": prob, "start": offsets[s][0], "end": offsets[e][1]}
         if details is not None:
             details.setdefault(example.id, {"score": 0.0, "start": 0, "end": 0})

@@ -160,7 +160,7 @@ def prepare_documents(docs: Iterable[str], sources: list[str], out: str | Path, 
         raise InputError(f"{out}: already exists and is not empty; choose a new --out")
     check_workers(workers)
     workers = workers if workers is not None else (os.cpu_count() or 1)
-    dtype = np.dtype("<u2") if tokenizer.vocab_size <= 65536 else np.dtype("<u4")
+    dtype = np.dtype("<u2") if len(tokenizer) <= 65536 else np.dtype("<u4")
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)  # our own leftover from an interrupted prepare
@@ -209,7 +209,7 @@ def prepare_documents(docs: Iterable[str], sources: list[str], out: str | Path, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise InputError(f"{', '.join(sources)}: the corpus is empty (no text after reading and splitting)")
     meta = {"format": FORMAT, "dtype": dtype.str, "tokenizer": tokenizer_fingerprint(tokenizer),
-            "vocab_size": tokenizer.vocab_size, "sources": list(sources), "shards": shards,
+            "vocab_size": len(tokenizer), "sources": list(sources), "shards": shards,
             **totals, "seconds": round(time.perf_counter() - started, 2)}
     tokenizer.save(tmp)
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -50,11 +50,17 @@ def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
 
 def _run_sorted(texts: list, tokenizer: Tokenizer, max_length: int, batch_size: int,
                 step: Callable[[dict, list[int]], list], pairs: list | None = None,
-                progress: bool = False, device: torch.device | None = None, truncation_side: str = "right") -> list:
-    """Tokenise, then `run_sorted`: `step(batch, rows)` -> one result per row, in input order."""
-    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, return_token_type_ids=True,
-                    truncation_side=truncation_side)
-    features = [{"input_ids": ids, "token_type_ids": types} for ids, types in zip(enc["input_ids"], enc["token_type_ids"])]
+                progress: bool = False, device: torch.device | None = None, truncation_side: str = "right",
+                segments: bool | None = True) -> list:
+    """Tokenise, then `run_sorted`: `step(batch, rows)` -> one result per row, in input order. `segments`: True sends
+    a pair's segment ids whatever the tokenizer's model_input_names say (BERT's and ALBERT's pretraining used them;
+    transformers 5's ALBERT tokenizer sends none); None follows the tokenizer, as transformers' pipelines do."""
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length, truncation_side=truncation_side,
+                    return_token_type_ids=segments)
+    # Without segment ids from the tokenizer (segments None, and its model_input_names have none), all 0: what
+    # transformers' pipelines feed the model.
+    types = enc.get("token_type_ids") or [[0] * len(ids) for ids in enc["input_ids"]]
+    features = [{"input_ids": ids, "token_type_ids": t} for ids, t in zip(enc["input_ids"], types)]
     return run_sorted(features, tokenizer.pad_token_id, batch_size, step, device=device, progress=progress)
 
 
@@ -138,16 +144,17 @@ def fill_mask_joint(model, tokenizer: Tokenizer, text: str) -> dict:
         ids[0, at[k]] = int(token[k])
         filled.append({"position": int(at[k]), "token": int(token[k]),
                        "token_str": tokenizer.id_to_token(int(token[k])), "score": float(best[k])})
-    return {"sequence": tokenizer.decode(ids[0].tolist()), "filled": filled}
+    return {"sequence": tokenizer.decode(ids[0].tolist(), skip_special_tokens=True), "filled": filled}
 
 
 # ----------------------------------------------------------------------------- classify
 @torch.no_grad()
 def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | None = None,
-             batch_size: int = 32, logits: bool = False, truncation_side: str = "right") -> list[dict]:
+             batch_size: int = 32, logits: bool = False, truncation_side: str = "right",
+             segments: bool | None = True) -> list[dict]:
     """Label and scores per text: softmax, sigmoid for multi-label, the value for regression.
     With `logits`, each row also carries the raw logits (`"logits": [num_labels]`). A long input
-    (or pair) is cut on `truncation_side`."""
+    (or pair) is cut on `truncation_side`; `segments`: see `_run_sorted`."""
     model.eval()
     config = model.config
     kind = model.problem_type()
@@ -170,7 +177,7 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
         return out
 
     return _run_sorted(texts, tokenizer, config.max_sequence_length, batch_size, step, pairs=pairs,
-                       device=device_of(model), truncation_side=truncation_side)
+                       device=device_of(model), truncation_side=truncation_side, segments=segments)
 
 
 # ----------------------------------------------------------------------------- embeddings
@@ -300,9 +307,12 @@ def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first
     Long texts are cut into overlapping windows (`stride` tokens of overlap) whose token
     probabilities are averaged where they overlap. Sub-token probabilities become word
     labels by `aggregation`: the first sub-token, the average, or the most confident one.
+    transformers' token-level strategies are there too: "none" gives every token as
+    `{"entity", "score", "index", "word", "start", "end"}` ("O" included), "simple" groups
+    adjacent tokens of one type as transformers does (its `word` is the tokens' text).
     """
-    if aggregation not in ("first", "average", "max"):
-        raise InputError(f"unknown aggregation {aggregation!r} (first, average or max)")
+    if aggregation not in ("first", "average", "max", "none", "simple"):
+        raise InputError(f"unknown aggregation {aggregation!r} (first, average, max, simple or none)")
     model.eval()
     names = model.config.id2label
     max_length = min(max_length or model.config.max_sequence_length, model.config.max_sequence_length)
@@ -323,12 +333,17 @@ def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first
     window_probs = run_sorted(windows, tokenizer.pad_token_id, batch_size, step, device=device_of(model))
     token_probs: list[dict[tuple[int, int], list]] = [{} for _ in texts]
     token_word: list[dict[tuple[int, int], int]] = [{} for _ in texts]
+    token_at: list[dict[tuple[int, int], tuple[int, int]]] = [{} for _ in texts]  # (index in its first window, id)
     for w, text_index in enumerate(enc["overflow_to_sample_mapping"]):
         for t, (span, word) in enumerate(zip(enc["offset_mapping"][w], enc.word_ids(w))):
             if word is None:
                 continue
             token_probs[text_index].setdefault(tuple(span), []).append(window_probs[w][t])
             token_word[text_index][tuple(span)] = word
+            token_at[text_index].setdefault(tuple(span), (t, enc["input_ids"][w][t]))
+    if aggregation in ("none", "simple"):
+        return [_token_entities(tokenizer, names, probs_at, at, aggregation)
+                for probs_at, at in zip(token_probs, token_at)]
     results = []
     for text, probs_at, word_at in zip(texts, token_probs, token_word):
         words: dict[int, list] = {}
@@ -347,6 +362,34 @@ def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first
             tagged.append((label, float(p.max()), pieces[0][0][0], pieces[-1][0][1]))
         results.append(_group_entities(tagged, text))
     return results
+
+
+def _token_entities(tokenizer: Tokenizer, names: dict[int, str], probs_at: dict, at: dict, how: str) -> list[dict]:
+    """transformers' token-level answers: every token ("none"), or adjacent tokens grouped ("simple": a B- tag
+    or another type starts a group; a tag without a prefix continues one, as transformers reads it)."""
+    tokens = []
+    for span in sorted(probs_at):
+        p = torch.stack(probs_at[span]).mean(0)
+        best = int(p.argmax())
+        index, token_id = at[span]
+        tokens.append({"entity": names[best], "score": float(p[best]), "index": index,
+                       "word": tokenizer.id_to_token(token_id), "start": span[0], "end": span[1], "_id": token_id})
+    if how == "none":
+        return [{k: v for k, v in t.items() if k != "_id"} for t in tokens]
+
+    def tag(label: str) -> tuple[str, str]:
+        return (label[0], label[2:]) if label[:2] in ("B-", "I-") else ("I", label)
+
+    groups: list[list[dict]] = []
+    for t in tokens:
+        bi, kind = tag(t["entity"])
+        if groups and bi != "B" and tag(groups[-1][-1]["entity"])[1] == kind:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
+    return [{"entity_group": tag(g[0]["entity"])[1], "score": float(np.mean([t["score"] for t in g])),
+             "word": tokenizer.decode([t["_id"] for t in g]), "start": g[0]["start"], "end": g[-1]["end"]}
+            for g in groups]
 
 
 def _group_entities(tagged: list[tuple[str, float, int, int]], text: str) -> list[dict]:

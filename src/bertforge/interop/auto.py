@@ -41,12 +41,14 @@ class _AutoModel:
         return family_of(path).head(cls.kind)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **config_overrides: Any) -> PreTrainedModel:
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> PreTrainedModel:
         """Build the directory's family's model of this kind and load its weights.
 
-        Keyword arguments override config fields, as in transformers (`num_labels=3` for a new head).
+        Keyword arguments override config fields, as in transformers (`num_labels=3` for a new head); `dtype`,
+        `torch_dtype`, `device_map` and `attn_implementation` are transformers' loading options
+        (`PreTrainedModel.from_pretrained`).
         """
-        return load_pretrained(cls.model_class(path), path, **config_overrides)
+        return cls.model_class(path).from_pretrained(path, **kwargs)
 
 
 class AutoModel(_AutoModel):

@@ -38,6 +38,38 @@ class NameTable:
     tied_decoder: str
 
 
+class ModelOutput:
+    """What transformers' outputs also are: a tuple by position (`out[0]`), a mapping by name (`out["logits"]`),
+    and `to_tuple()`, which `return_dict=False` returns. The tuple holds the fields that are set (not None) in
+    transformers' order for the class, `tuple_fields` (the dataclass's own order unless a class names it)."""
+
+    tuple_fields: ClassVar[tuple[str, ...] | None] = None
+
+    def keys(self) -> list[str]:
+        """The names of the fields that are set, in the tuple's order."""
+        import dataclasses
+
+        names = self.tuple_fields or tuple(f.name for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        return [n for n in names if getattr(self, n) is not None]
+
+    def to_tuple(self) -> tuple:
+        return tuple(getattr(self, n) for n in self.keys())
+
+    def __getitem__(self, key: int | slice | str) -> Any:
+        if isinstance(key, str):
+            if key not in self.keys():
+                raise KeyError(key)
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __iter__(self):
+        """Over the values, as a tuple (so `loss, logits = model(**batch, labels=y)` unpacks as transformers')."""
+        return iter(self.to_tuple())
+
+
 class CheckpointIO(Protocol):
     """The reader and writer `bertforge.interop` installs (see `install_checkpoint_io`)."""
 
@@ -94,17 +126,128 @@ class PreTrainedModel(nn.Module):
         return table
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **config_overrides: Any) -> Any:
+    def from_pretrained(cls, path: str | Path, *, torch_dtype: Any = None, dtype: Any = None,
+                        attn_implementation: str | None = None, device_map: Any = None,
+                        **config_overrides: Any) -> Any:
         """Load a Hugging Face style directory (config.json + model.safetensors or pytorch_model.bin).
 
-        Keyword arguments override config fields, e.g. `num_labels=3` for a new head.
+        Keyword arguments override config fields, e.g. `num_labels=3` for a new head. As in transformers:
+        `dtype` (or its older name `torch_dtype`): a torch dtype, its name, or "auto" (the config's `torch_dtype`);
+        `device_map`: a device ("cpu", "cuda:0", a `torch.device`), or "auto" (the GPU when there is one);
+        `attn_implementation`: "eager", "sdpa" or "flash_attention_2" are accepted and change nothing here:
+        bertforge computes attention its own way for every value (a native kernel or PyTorch's fused attention
+        on unpadded rows), with the same numbers, and the explicit probabilities when `output_attentions` asks.
         """
-        return checkpoint_io().load_pretrained(cls, path, **config_overrides)
+        if attn_implementation not in (None, "eager", "sdpa", "flash_attention_2", "flex_attention"):
+            raise BertforgeError(f"attn_implementation {attn_implementation!r}: transformers knows eager, sdpa, "
+                                 "flash_attention_2 and flex_attention")
+        if torch_dtype is not None and dtype is not None and torch_dtype != dtype:
+            raise BertforgeError(f"dtype {dtype!r} and torch_dtype {torch_dtype!r}: give one")
+        model = checkpoint_io().load_pretrained(cls, path, **config_overrides)
+        wanted = _dtype_of(dtype if dtype is not None else torch_dtype, path)
+        if wanted is not None:
+            model.to(wanted)
+        if device_map is not None:
+            model.to(_device_of(device_map))
+        return model
+
+    def __call__(self, *args: Any, return_dict: bool | None = None, **kwargs: Any) -> Any:
+        """`model(**batch)`; `return_dict=False` gives the output as a tuple, as transformers does."""
+        out = super().__call__(*args, **kwargs)
+        return out.to_tuple() if return_dict is False and isinstance(out, ModelOutput) else out
+
+    # ----------------------------------------------------------------- transformers' model API
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(p.dtype for p in self.parameters() if p.is_floating_point())
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The word embedding table (float [V, E]), which a tied masked-LM decoder shares."""
+        return getattr(self, "backbone", self).embeddings.word
+
+    def set_input_embeddings(self, table: nn.Embedding) -> None:
+        """Use `table` (its weight itself, not a copy) as the word embeddings."""
+        from .tied import TiedEmbedding
+
+        if not isinstance(table, TiedEmbedding):  # a tied decoder reads the table through TiedEmbedding's hook
+            tied = TiedEmbedding(table.num_embeddings, table.embedding_dim, padding_idx=table.padding_idx,
+                                 device=table.weight.device, dtype=table.weight.dtype)
+            tied.weight = table.weight
+            table = tied
+        getattr(self, "backbone", self).embeddings.word = table
+
+    def tie_weights(self) -> None:
+        """Nothing to do: a tied decoder reads the word embeddings at every forward (there is no second reference
+        to re-point, as transformers' decoder.weight is), so it stays tied through `set_input_embeddings` and
+        `resize_token_embeddings`."""
+
+    def resize_token_embeddings(self, new_num_tokens: int) -> nn.Embedding:
+        """Grow or shrink the vocabulary to `new_num_tokens` rows: the rows kept keep their values, new ones are
+        initialised as the model's own (N(0, initializer_range)); an untied decoder and a decoder's bias are resized
+        the same way (new bias entries 0); `config.vocab_size` is updated. Returns the new table."""
+        if new_num_tokens < 1:
+            raise BertforgeError(f"resize_token_embeddings: {new_num_tokens} tokens; at least 1")
+        old = self.get_input_embeddings()
+        table = nn.Embedding(new_num_tokens, old.embedding_dim, device=old.weight.device, dtype=old.weight.dtype,
+                             padding_idx=old.padding_idx if old.padding_idx is not None
+                             and old.padding_idx < new_num_tokens else None)
+        with torch.no_grad():
+            nn.init.normal_(table.weight, mean=0.0, std=self.config.initializer_range)
+            keep = min(new_num_tokens, old.num_embeddings)
+            table.weight[:keep] = old.weight[:keep]
+        self.set_input_embeddings(table)
+        for module in self.modules():
+            resize = getattr(module, "resize_vocabulary", None)
+            if callable(resize):
+                resize(new_num_tokens, self.config.initializer_range)
+        self.config.vocab_size = new_num_tokens
+        return self.get_input_embeddings()
 
     def save_pretrained(self, path: str | Path, tokenizer: Any = None) -> None:
         """Write config.json and model.safetensors in the transformers layout (and the tokenizer, if given)."""
         checkpoint_io().save_pretrained(self, path, tokenizer=tokenizer)
 
-    def num_parameters(self) -> int:
-        """Every parameter, counted once."""
-        return sum(p.numel() for p in self.parameters())
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """Every parameter, counted once (as transformers counts: `only_trainable`, `exclude_embeddings`)."""
+        skip = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)} if exclude_embeddings else set()
+        return sum(p.numel() for p in self.parameters()
+                   if (p.requires_grad or not only_trainable) and id(p) not in skip)
+
+
+def _dtype_of(value: Any, path: Any) -> torch.dtype | None:
+    """A torch dtype from transformers' `dtype` argument: a dtype, its name ("bfloat16", "float32"), or "auto"
+    (config.json's `dtype` or `torch_dtype`, float32 where it names none)."""
+    if value is None:
+        return None
+    if value == "auto":  # what config.json says the weights were saved in
+        import json
+
+        try:
+            saved = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = {}
+        value = saved.get("dtype") or saved.get("torch_dtype") or "float32"
+    if isinstance(value, str):
+        found = getattr(torch, value.removeprefix("torch."), None)
+        if not isinstance(found, torch.dtype):
+            raise BertforgeError(f"{path}: dtype {value!r} is not a torch dtype")
+        value = found
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise BertforgeError(f"{path}: dtype {value!r}: a model's weights take a floating-point dtype")
+    return value
+
+
+def _device_of(device_map: Any) -> torch.device:
+    """transformers' `device_map` for a model on one device: a device, its name or index, or "auto"."""
+    if device_map == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device_map, dict):
+        places = set(device_map.values())
+        if len(places) != 1:
+            raise BertforgeError(f"device_map {device_map}: bertforge places a model on one device, not split")
+        device_map = places.pop()
+    return torch.device(device_map if not isinstance(device_map, int) else f"cuda:{device_map}")

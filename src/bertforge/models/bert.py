@@ -27,19 +27,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from ..errors import InputError
-from .base import NameTable, PreTrainedModel
+from .base import ModelOutput, NameTable, PreTrainedModel
 from .config import BertConfig
 from .layers import BertLayer, Embeddings, Pooler
-from .padding import Packing, block_diagonal_mask, example_starts, packing, pad, unpad
+from .padding import Packing, block_diagonal_mask, example_starts, packing, pad, refuse_left_padding, unpad
 
 
 @dataclass
-class BertOutput:
+class BertOutput(ModelOutput):
     """What the backbone returns.
 
     last_hidden_state: float [B, T, H]
@@ -99,6 +100,11 @@ class BertPreTrainedModel(PreTrainedModel):
 
 class BertModel(BertPreTrainedModel):
     """The BERT encoder: embeddings, `num_hidden_layers` blocks and (optionally) the pooler."""
+
+    # Whether the masked path computes padding positions as the family's transformers class does (BERT's masks keys
+    # only, so a padding position's vector is that of a query attending to the real tokens): a left-padded batch then
+    # gives transformers' pooler output. A family that differs there refuses left padding before a head reads it.
+    pads_like_transformers: ClassVar[bool] = True
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__()
@@ -212,7 +218,12 @@ class BertModel(BertPreTrainedModel):
             if position_ids is not None:
                 starts = example_starts(position_ids - self.position_offset, real)  # None unless some row holds several examples
             if starts is not None or not bool(real.all()):
-                if self.unpad and not output_attentions:
+                # Left padding (a row whose first token is padding): the pooler and every head that reads the first
+                # position read a padding token there, whose vector transformers computes (it masks keys, not
+                # queries). The masked path computes it too, so such a batch takes it: transformers' numbers, not
+                # the constant tanh(pooler bias) the zeros of the unpadded path would give.
+                left = starts is None and not bool(real[:, 0].all())
+                if self.unpad and not output_attentions and not left:
                     packed = packing(real, starts)
                 elif starts is not None:
                     mask = block_diagonal_mask(starts, real)  # (B, 1, T, T)
@@ -241,6 +252,8 @@ class BertModel(BertPreTrainedModel):
         x = padded(x)  # (B, T, H), zeros at padding when unpadded
 
         pooled = None
+        if self.pooler is not None and not self.pads_like_transformers and not torch.compiler.is_compiling():
+            refuse_left_padding(attention_mask, self.model_type)
         if self.pooler is not None:
             # One [CLS] per example: column 0 of each row, or every example start of packed rows.
             first = x[:, 0] if starts is None else x.flatten(0, 1)[starts.flatten().nonzero().squeeze(1)]

@@ -175,6 +175,10 @@ class BertConfig:
             elif not isinstance(self.label2id, dict) or {str(k): v for k, v in self.label2id.items()} != inverse:
                 raise ConfigError(f"config keys 'label2id' {self.label2id} and 'id2label' {self.id2label} disagree; "
                                   "make label2id the inverse of id2label")
+        elif self.num_labels >= 1:  # transformers' names for unnamed classes, so every head's labels have a name
+            self.id2label = {i: f"LABEL_{i}" for i in range(self.num_labels)}
+            if self.label2id is None:
+                self.label2id = {v: k for k, v in self.id2label.items()}
         if self.label2id is not None and not isinstance(self.label2id, dict):
             raise ConfigError(f"config key 'label2id' must map label names to ids, got {self.label2id!r}")
         if self.problem_type not in (None, "regression", "single_label_classification", "multi_label_classification"):

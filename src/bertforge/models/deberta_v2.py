@@ -357,6 +357,7 @@ class DebertaV2Model(BertModel):
 
     model_type = "deberta-v2"
     hf_architecture = "DebertaV2Model"
+    pads_like_transformers = False  # transformers' DeBERTa zeroes padding embeddings and masks padding queries
 
     def __init__(self, config: DebertaV2Config, add_pooling_layer: bool = False) -> None:
         super().__init__(config, add_pooling_layer=add_pooling_layer)
@@ -498,6 +499,8 @@ class DebertaV2ForSequenceClassification(DebertaHead, BertForSequenceClassificat
     """`pooler` (the ContextPooler) -> dropout(`cls_dropout`, else hidden_dropout_prob) -> `classifier`."""
 
     hf_architecture = "DebertaV2ForSequenceClassification"
+    flat_regression_logits = True
+    records_problem_type = False
 
 
 class DebertaV2ForTokenClassification(DebertaHead, BertForTokenClassification):

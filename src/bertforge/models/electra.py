@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import NameTable, PreTrainedModel
+from .base import ModelOutput, NameTable, PreTrainedModel
 from .bert import HF_NAMES as BERT_NAMES
 from .bert import BertModel
 from .config import BertConfig
@@ -176,7 +176,7 @@ HF_NAMES = NameTable(
 
 
 @dataclass
-class ReplacedTokenOutput:
+class ReplacedTokenOutput(ModelOutput):
     """What ELECTRA's joint pretraining step returns.
 
     loss: mlm_loss + rtd_weight * rtd_loss; logits: the generator's, float [N, V] at the N masked positions;

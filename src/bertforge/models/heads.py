@@ -21,13 +21,14 @@ from torch import nn
 from ..constants import IGNORE_INDEX
 from ..kernels.cross_entropy import cross_entropy, linear_cross_entropy
 from ..kernels.scratch import Scratch, cast
+from .base import ModelOutput
 from .bert import BertModel, BertPreTrainedModel
 from .config import BertConfig
 from .layers import Dropout, activation
 
 
 @dataclass
-class HeadOutput:
+class HeadOutput(ModelOutput):
     """What a task head returns.
 
     loss:          scalar float tensor when labels were given, else None
@@ -50,6 +51,8 @@ class PreTrainingOutput(HeadOutput):
     mlm_loss: torch.Tensor | None = None
     nsp_loss: torch.Tensor | None = None
 
+    tuple_fields: ClassVar[tuple[str, ...]] = ("loss", "logits", "nsp_logits", "hidden_states", "attentions")
+
     # transformers' names for the same two tensors
     @property
     def prediction_logits(self) -> torch.Tensor:
@@ -66,6 +69,8 @@ class QuestionAnsweringOutput(HeadOutput):
 
     start_logits: torch.Tensor | None = None
     end_logits: torch.Tensor | None = None
+
+    tuple_fields: ClassVar[tuple[str, ...]] = ("loss", "start_logits", "end_logits", "hidden_states", "attentions")
 
 
 class MaskedLMHead(nn.Module):
@@ -89,6 +94,22 @@ class MaskedLMHead(nn.Module):
         # Reused memory for training's largest tensors here (kernels/scratch.py): the fp32 logits and their
         # gradient (35 MB each at BERT's vocabulary), the [V, E] weight's gradient, bf16's copy of the weight.
         self.scratch = Scratch()
+
+    def resize_vocabulary(self, size: int, std: float) -> None:
+        """`resize_token_embeddings`' part here: the bias (new entries 0) and an untied decoder (new rows N(0, std))."""
+        with torch.no_grad():
+            if self.bias is not None:
+                bias = torch.zeros(size, dtype=self.bias.dtype, device=self.bias.device)
+                keep = min(size, self.bias.numel())
+                bias[:keep] = self.bias[:keep]
+                self.bias = nn.Parameter(bias)
+            if self.decoder is not None:
+                old = self.decoder.weight
+                decoder = nn.Linear(old.shape[1], size, bias=False, device=old.device, dtype=old.dtype)
+                nn.init.normal_(decoder.weight, mean=0.0, std=std)
+                keep = min(size, old.shape[0])
+                decoder.weight[:keep] = old[:keep]
+                self.decoder = decoder
 
     def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
         """hidden: float [..., H]; word_embeddings: float [V, E] (used when tied) -> logits float [..., V]."""
@@ -220,11 +241,18 @@ class BertForMaskedLM(HeadModel):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False,
-                position_ids: torch.Tensor | None = None) -> HeadOutput:
-        """Logits float [B, T, V], or [N, V] at the N labelled positions when labels are given."""
+                position_ids: torch.Tensor | None = None, labelled_logits_only: bool = True) -> HeadOutput:
+        """Logits float [B, T, V]; with labels, [N, V] at the N labelled positions only (a training step needs no
+        more, and a [B, T, V] tensor is 30,522 floats a token at BERT's vocabulary), unless `labelled_logits_only`
+        is False, which gives [B, T, V] with the loss, as transformers does."""
         out = self.backbone(input_ids, token_type_ids, attention_mask, position_ids, output_attentions=output_attentions,
                             output_hidden_states=output_hidden_states)
-        logits, loss = self.mlm.predict(out.last_hidden_state, self.backbone.embeddings.word.decoder_weight(), labels)
+        weight = self.backbone.embeddings.word.decoder_weight()  # (used once: see models/tied.py)
+        if labels is not None and not labelled_logits_only:
+            logits = self.mlm(out.last_hidden_state, weight)
+            loss = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX)
+        else:
+            logits, loss = self.mlm.predict(out.last_hidden_state, weight, labels)
         return HeadOutput(loss, logits, out.hidden_states, out.attentions)
 
 
@@ -298,6 +326,10 @@ class BertForSequenceClassification(LinearHead):
     """
 
     hf_architecture = "BertForSequenceClassification"
+    # DeBERTa's transformers class returns a regression's logits flattened to [B] when given labels: so do its here.
+    flat_regression_logits: ClassVar[bool] = False
+    # transformers' classes record the problem type they inferred in the config; DeBERTa's does not.
+    records_problem_type: ClassVar[bool] = True
 
     def __init__(self, config: BertConfig, head: nn.Module | None = None) -> None:
         super().__init__(config, config.num_labels, pooled=True, head=head)
@@ -321,8 +353,12 @@ class BertForSequenceClassification(LinearHead):
         loss = None
         if labels is not None:
             kind = self.problem_type(labels)
+            if self.config.problem_type is None and self.records_problem_type:
+                self.config.problem_type = kind  # set from the first labels seen, as transformers does
+            if kind == "regression" and self.flat_regression_logits:
+                logits = logits.view(-1)
             if kind == "regression":
-                loss = F.mse_loss(logits.float().squeeze(-1), labels.float().view(-1))
+                loss = F.mse_loss(logits.float().view(-1), labels.float().view(-1))
             elif kind == "multi_label_classification":
                 loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
             else:

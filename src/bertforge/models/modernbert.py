@@ -47,7 +47,7 @@ from .heads import (
     MaskedLMHead,
 )
 from .layers import Dropout, activation, scaled_attention
-from .padding import Packing, example_starts, from_sequences, to_sequences
+from .padding import Packing, example_starts, from_sequences, refuse_left_padding, to_sequences
 from .tied import TiedEmbedding
 from .windowed import band_mask, windowed_attention
 
@@ -475,6 +475,8 @@ class ModernTaskHead(ModernHead):
         """The prediction head on the pooled sentence, float [B, H] ([S, H] packed), or on every token [B, T, H]."""
         hidden = out.last_hidden_state
         if self.sentence:
+            if self.config.classifier_pooling == "cls" and not torch.compiler.is_compiling():
+                refuse_left_padding(attention_mask, "modernbert")  # transformers' unpads: its padding has no state
             hidden = pool(hidden, attention_mask, position_ids, self.config.classifier_pooling)
         return self.head(hidden)
 

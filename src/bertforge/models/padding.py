@@ -148,3 +148,17 @@ def to_sequences(x: torch.Tensor, p: Packing) -> torch.Tensor:
 def from_sequences(x: torch.Tensor, p: Packing) -> torch.Tensor:
     """[S, max_seqlen, ...] -> [N, ...]: the inverse of `to_sequences`."""
     return x.flatten(0, 1).index_select(0, p.seq_indices)
+
+
+def refuse_left_padding(attention_mask: torch.Tensor | None, family: str) -> None:
+    """Refuse a batch with a row whose first position is padding, for a family whose transformers class computes its
+    padding positions in a way bertforge does not reproduce (DeBERTa-v2 zeroes and masks them, ModernBERT drops them),
+    when a head is about to read that first position: its answer would not be transformers'."""
+    if attention_mask is not None and not bool(attention_mask[:, 0].all()):
+        row = int((attention_mask[:, 0] == 0).nonzero()[0, 0])
+        from ..errors import InputError
+
+        raise InputError(f"row {row} begins with padding (left padding): {family}'s first-token head would read a "
+                         "padding position there, whose value bertforge does not compute as transformers does; pad on "
+                         "the right (tokenizer.padding_side = 'right')")
+

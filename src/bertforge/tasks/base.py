@@ -80,6 +80,6 @@ def new_model(cfg: FinetuneConfig, cls: type, labels: list[str] | None, tokenize
         return load_pretrained(cls, cfg.model, num_labels=num_labels, id2label=id2label,
                                label2id={v: k for k, v in id2label.items()} if id2label else None,
                                problem_type=problem)
-    config = BertConfig.from_preset(cfg.model, vocab_size=tokenizer.vocab_size, num_labels=num_labels,
+    config = BertConfig.from_preset(cfg.model, vocab_size=len(tokenizer), num_labels=num_labels,
                                     id2label=id2label, problem_type=problem)
     return cls(config)

@@ -111,12 +111,12 @@ def _model(cfg: PretrainConfig, tokenizer: Tokenizer) -> torch.nn.Module:
         return _replaced_token_detection(cfg, name, tokenizer)
     if Path(name).is_dir():
         model = load_pretrained(family_of(name).head(kind), name)
-        if model.config.vocab_size < tokenizer.vocab_size:
+        if model.config.vocab_size < len(tokenizer):
             raise BertforgeError(f"{name}: vocab_size {model.config.vocab_size} is smaller than the tokenizer's "
-                                 f"{tokenizer.vocab_size}")
+                                 f"{len(tokenizer)}")
     else:
         row = family(cfg.arch or "bert")
-        config = row.config.from_preset(name, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id)
+        config = row.config.from_preset(name, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
         model = row.head(kind)(config)
     _check_seq_len(cfg, model.config)
     return model
@@ -132,13 +132,13 @@ def _replaced_token_detection(cfg: PretrainConfig, name: str, tokenizer: Tokeniz
                      ElectraForMaskedLM(ElectraReplacedTokenDetection.generator_config(discriminator.config,
                                                                                        cfg.generator_size)))
     else:
-        config = family("electra").config.from_preset(name, vocab_size=tokenizer.vocab_size,
+        config = family("electra").config.from_preset(name, vocab_size=len(tokenizer),
                                                       pad_token_id=tokenizer.pad_token_id)
         discriminator = ElectraForPreTraining(config)
         generator = ElectraForMaskedLM(ElectraReplacedTokenDetection.generator_config(config, cfg.generator_size))
-    if discriminator.config.vocab_size < tokenizer.vocab_size:
+    if discriminator.config.vocab_size < len(tokenizer):
         raise BertforgeError(f"{name}: vocab_size {discriminator.config.vocab_size} is smaller than the tokenizer's "
-                             f"{tokenizer.vocab_size}")
+                             f"{len(tokenizer)}")
     _check_seq_len(cfg, discriminator.config)
     return ElectraReplacedTokenDetection(discriminator, generator, cfg.rtd_weight)
 
@@ -158,9 +158,9 @@ def _distillation(cfg, tokenizer: Tokenizer) -> MaskedLMDistillation:
         student = cut_down(teacher, student_layers(cfg.student_layers, teacher.config.num_hidden_layers))
         if row.model_type == "bert" and teacher.config.layer_norm_eps == 1e-12:
             student = as_distilbert(student)
-    if student.config.vocab_size < tokenizer.vocab_size:
+    if student.config.vocab_size < len(tokenizer):
         raise BertforgeError(f"the student embeds {student.config.vocab_size:,} tokens, fewer than the teacher's "
-                             f"tokenizer's {tokenizer.vocab_size:,}")
+                             f"tokenizer's {len(tokenizer):,}")
     _check_seq_len(cfg, student.config)
     return MaskedLMDistillation(student, teacher, cfg.temperature, (cfg.alpha_ce, cfg.alpha_mlm, cfg.alpha_cos))
 

@@ -28,11 +28,6 @@ from .tokenizer import SPECIAL_ROLES, Tokenizer, _read_lines
 
 log = logging.getLogger("bertforge")
 
-# transformers' decode clean-up (`clean_up_tokenization_spaces`): spaces before these are dropped.
-_CLEAN_UP = (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"), \
-    (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")
-
-
 # A new vocabulary's first ids, as fairseq (and so RoBERTa and XLM-R) number them.
 TRAINED_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
@@ -150,12 +145,11 @@ class SentenceTokenizer(Tokenizer):
     def _save_vocabulary(self, path: Path) -> None:
         pass
 
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        text = super().decode(ids, skip_special_tokens=skip_special_tokens)
-        if self.settings["clean_up_spaces"]:
-            for before, after in _CLEAN_UP:
-                text = text.replace(before, after)
-        return text
+    @property
+    def clean_up_spaces(self) -> bool:  # tokenizer_config.json's clean_up_tokenization_spaces
+        return self.settings["clean_up_spaces"]
+
+    has_sentence_ends = True  # <s> and </s> are also its bos and eos tokens
 
     def __call__(self, text: Any, text_pair: Any = None, **kwargs: Any):
         if kwargs.get("is_split_into_words") and self.needs_prefix_space_for_words and \

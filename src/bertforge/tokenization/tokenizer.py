@@ -29,7 +29,7 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # a trained voc
 SPECIAL_ROLES = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
 DEFAULT_SPECIALS = dict(zip(SPECIAL_ROLES, SPECIAL_TOKENS))
 MAX_CHARS_PER_WORD = 100  # longer words become [UNK], as in BERT
-# transformers writes a huge sentinel (int(1e30)) for "no maximum length"; bertforge then uses BERT's 512.
+# transformers writes a huge sentinel (int(1e30)) for "no maximum length": any value from here up is read as it.
 UNSET_MAX_LENGTH = 1_000_000
 
 # tokenizer_config.json / special_tokens_map.json keys that describe files, loading or the Python class
@@ -76,10 +76,12 @@ def read_special_tokens(path: Path, defaults: dict[str, str]) -> tuple[Path, dic
 
 
 def read_max_length(config: dict[str, Any], config_file: Path) -> int:
-    """`model_max_length` (or the older `max_len`); transformers' "no maximum" sentinel, or none, means 512."""
+    """`model_max_length` (or the older `max_len`); none, or transformers' "no maximum" sentinel, is that sentinel
+    (VERY_LARGE_INTEGER), as transformers reads it: no length limit from the tokenizer. (The model's positions still
+    bound every bertforge pipeline; a plain `tok(text, truncation=True)` then cuts nothing, as in transformers.)"""
     max_len = config.get("model_max_length", config.get("max_len"))
     if max_len is None or (isinstance(max_len, (int, float)) and max_len >= UNSET_MAX_LENGTH):
-        max_len = 512
+        return VERY_LARGE_INTEGER
     if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len <= 0:
         raise TokenizerError(f"{config_file}: key 'model_max_length' must be a positive integer, got {max_len!r}")
     return max_len
@@ -205,18 +207,57 @@ def _normalizer_behaviour(spec: dict | None) -> Any:
 
 
 class Encoding(dict):
-    """The dict `Tokenizer.__call__` returns (input_ids, token_type_ids, attention_mask, ...),
-    with transformers' `word_ids(i)` and `sequence_ids(i)` for the i-th row."""
+    """What `Tokenizer.__call__` returns, as transformers' BatchEncoding is: a dict (input_ids, token_type_ids,
+    attention_mask, ...) whose keys are also attributes (`enc.input_ids`), `to(device)` for tensors, and the
+    per-row maps `word_ids(i)`, `sequence_ids(i)`, `tokens(i)`, `char_to_token`, `token_to_chars`."""
 
     def __init__(self, data: dict[str, Any], encodings: list) -> None:
         super().__init__(data)
         self.encodings = encodings
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to(self, device: Any) -> "Encoding":
+        """Every tensor moved to `device` (in place, as transformers' does); returns self."""
+        for key, value in self.items():
+            if hasattr(value, "to"):
+                self[key] = value.to(device)
+        return self
 
     def word_ids(self, index: int = 0) -> list[int | None]:
         return self.encodings[index].word_ids
 
     def sequence_ids(self, index: int = 0) -> list[int | None]:
         return self.encodings[index].sequence_ids
+
+    def tokens(self, index: int = 0) -> list[str]:
+        return self.encodings[index].tokens
+
+    def char_to_token(self, batch_or_char_index: int, char_index: int | None = None,
+                      sequence_index: int = 0) -> int | None:
+        """The token holding character `char_index` of row `batch_or_char_index` (or of row 0 when one index is
+        given), None for a character no token covers (a space)."""
+        row, char = (0, batch_or_char_index) if char_index is None else (batch_or_char_index, char_index)
+        return self.encodings[row].char_to_token(char, sequence_index)
+
+    def token_to_chars(self, batch_or_token_index: int, token_index: int | None = None) -> tuple[int, int] | None:
+        row, token = (0, batch_or_token_index) if token_index is None else (batch_or_token_index, token_index)
+        return self.encodings[row].token_to_chars(token)
+
+
+BatchEncoding = Encoding  # transformers' name
+# transformers' decode clean-up (`clean_up_tokenization_spaces`): spaces before these are dropped.
+CLEAN_UP = (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"), \
+    (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")
+# transformers' "no maximum length" (tokenization_utils_base.VERY_LARGE_INTEGER): what a tokenizer saved without a
+# model_max_length has there.
+VERY_LARGE_INTEGER = int(1e30)
+# transformers' order of the special-token attributes (`all_special_tokens` follows it).
+SPECIAL_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 class Tokenizer:
@@ -245,6 +286,9 @@ class Tokenizer:
         self.extra_specials = list(extra_specials)
         self.backend.no_truncation()
         self.backend.no_padding()
+        # transformers' attributes: which end `__call__` pads and cuts (right, BERT's, unless set)
+        self.padding_side = "right"
+        self.truncation_side = "right"
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -362,6 +406,13 @@ class Tokenizer:
         backend = Backend(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_CHARS_PER_WORD))
         return cls._assemble(backend, Path("<trained>"), {"lowercase": lowercase})
 
+    def save_pretrained(self, save_directory: str | Path, **_: Any) -> tuple[str, ...]:
+        """transformers' name for `save`: the files written, which transformers' AutoTokenizer loads."""
+        before = set(Path(save_directory).glob("*")) if Path(save_directory).is_dir() else set()
+        self.save(save_directory)
+        return tuple(str(p) for p in sorted(set(Path(save_directory).glob("*")) | before)
+                     if p.name.startswith(("vocab", "tokenizer", "special_tokens", "merges", "spiece", "sentencepiece")))
+
     def save(self, path: str | Path) -> None:
         """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
         path = Path(path)
@@ -397,10 +448,12 @@ class Tokenizer:
     # ----------------------------------------------------------------- vocabulary
     @property
     def vocab_size(self) -> int:
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        """The base vocabulary, without tokens added on top of it (as transformers counts); `len(tok)` counts those
+        too, and is the size a model's embeddings need."""
+        return self.backend.get_vocab_size(with_added_tokens=False)
 
     def __len__(self) -> int:
-        return self.vocab_size
+        return self.backend.get_vocab_size(with_added_tokens=True)
 
     def get_vocab(self) -> dict[str, int]:
         return self.backend.get_vocab(with_added_tokens=True)
@@ -411,19 +464,66 @@ class Tokenizer:
     def id_to_token(self, index: int) -> str | None:
         return self.backend.id_to_token(index)
 
-    def convert_tokens_to_ids(self, tokens: list[str]) -> list[int]:
-        unk = self.unk_token_id
-        return [self.backend.token_to_id(t) if self.backend.token_to_id(t) is not None else unk for t in tokens]
+    def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | list[int]:
+        """A token's id (the unknown token's for one not in the vocabulary); a list of them for a list."""
+        def one(token: str) -> int:
+            found = self.backend.token_to_id(token)
+            return found if found is not None else self.unk_token_id
 
-    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-        return [self.backend.id_to_token(int(i)) for i in ids]
+        return one(tokens) if isinstance(tokens, str) else [one(t) for t in tokens]
 
-    pad_token_id = property(lambda self: self.backend.token_to_id(self.specials["pad_token"]))
-    unk_token_id = property(lambda self: self.backend.token_to_id(self.specials["unk_token"]))
-    cls_token_id = property(lambda self: self.backend.token_to_id(self.specials["cls_token"]))
-    sep_token_id = property(lambda self: self.backend.token_to_id(self.specials["sep_token"]))
-    mask_token_id = property(lambda self: self.backend.token_to_id(self.specials["mask_token"]))
-    mask_token = property(lambda self: self.specials["mask_token"])
+    def convert_ids_to_tokens(self, ids: int | Iterable[int], skip_special_tokens: bool = False) -> str | list[str]:
+        if isinstance(ids, int) or (hasattr(ids, "dim") and ids.dim() == 0):
+            return self.backend.id_to_token(int(ids))
+        special = self.special_ids if skip_special_tokens else set()
+        return [self.backend.id_to_token(int(i)) for i in ids if int(i) not in special]
+
+    # The special tokens, by transformers' attribute names; a role the tokenizer has no token for is None.
+    # (RoBERTa-style tokenizers begin and end a text with their CLS and SEP: those are also its bos and eos.)
+    def _special(self, role: str) -> str | None:
+        if role in ("bos_token", "eos_token") and role not in self.specials:
+            return self.specials["cls_token" if role == "bos_token" else "sep_token"] if self.has_sentence_ends else None
+        return self.specials.get(role)
+
+    has_sentence_ends = False  # True for the kinds whose tokenizer_config.json names bos/eos (RoBERTa's, XLM-R's)
+    pad_token = property(lambda self: self._special("pad_token"))
+    unk_token = property(lambda self: self._special("unk_token"))
+    cls_token = property(lambda self: self._special("cls_token"))
+    sep_token = property(lambda self: self._special("sep_token"))
+    mask_token = property(lambda self: self._special("mask_token"))
+    bos_token = property(lambda self: self._special("bos_token"))
+    eos_token = property(lambda self: self._special("eos_token"))
+    pad_token_id = property(lambda self: self._special_id("pad_token"))
+    unk_token_id = property(lambda self: self._special_id("unk_token"))
+    cls_token_id = property(lambda self: self._special_id("cls_token"))
+    sep_token_id = property(lambda self: self._special_id("sep_token"))
+    mask_token_id = property(lambda self: self._special_id("mask_token"))
+    bos_token_id = property(lambda self: self._special_id("bos_token"))
+    eos_token_id = property(lambda self: self._special_id("eos_token"))
+
+    def _special_id(self, role: str) -> int | None:
+        token = self._special(role)
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """Role -> token, for the roles the tokenizer has (transformers' `special_tokens_map`)."""
+        found = {r: self._special(r) for r in SPECIAL_ATTRIBUTES if self._special(r) is not None}
+        return found | ({"additional_special_tokens": list(self.extra_specials)} if self.extra_specials else {})
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """Every special token once, in transformers' order of roles, then the additional ones."""
+        return list(dict.fromkeys([*(self._special(r) for r in SPECIAL_ATTRIBUTES if self._special(r) is not None),
+                                   *self.extra_specials]))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [self.backend.token_to_id(t) for t in self.all_special_tokens]
+
+    @property
+    def additional_special_tokens(self) -> list[str]:
+        return list(self.extra_specials)
 
     @property
     def special_ids(self) -> set[int]:
@@ -438,8 +538,27 @@ class Tokenizer:
     def encode(self, text: str, text_pair: str | None = None, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, text_pair, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: int | Iterable[int], skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool | None = None) -> str:
+        """Text of `ids` (a list, a tensor or one id). Special tokens are kept unless `skip_special_tokens`, as in
+        transformers. `clean_up_tokenization_spaces` (None: the tokenizer's setting) removes the space the decoder
+        leaves before punctuation and in English contractions."""
+        if isinstance(ids, int) or (hasattr(ids, "dim") and ids.dim() == 0):
+            ids = [int(ids)]
+        text = self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        if clean_up_tokenization_spaces if clean_up_tokenization_spaces is not None else self.clean_up_spaces:
+            for before, after in CLEAN_UP:
+                text = text.replace(before, after)
+        return text
+
+    def batch_decode(self, sequences: Iterable[Iterable[int]], skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool | None = None) -> list[str]:
+        """`decode` of each row (a list of lists, or a [B, T] tensor)."""
+        return [self.decode(row, skip_special_tokens, clean_up_tokenization_spaces) for row in sequences]
+
+    # WordPiece's decoder cleans those spaces itself whatever the setting (as transformers' fast BertTokenizer does);
+    # the other kinds follow tokenizer_config.json's clean_up_tokenization_spaces (`SentenceTokenizer`).
+    clean_up_spaces = False
 
     def __call__(self, text: str | list[str], text_pair: str | list[str] | None = None, *,
                  text_pairs: list[str] | None = None, max_length: int | None = None,
@@ -448,7 +567,9 @@ class Tokenizer:
                  return_word_ids: bool = False, return_overflowing_tokens: bool = False,
                  return_special_tokens_mask: bool = False, add_special_tokens: bool = True,
                  pad_to_multiple_of: int | None = None, is_split_into_words: bool = False,
-                 return_token_type_ids: bool | None = None, truncation_side: str = "right") -> Encoding:
+                 return_token_type_ids: bool | None = None, truncation_side: str | None = None,
+                 return_attention_mask: bool | None = None, return_length: bool = False,
+                 padding_side: str | None = None, verbose: bool = True) -> Encoding:
         """Encode one text or a batch, as transformers' tokenizers do.
 
         truncation: False, True / "longest_first", "only_first" or "only_second".
@@ -458,9 +579,16 @@ class Tokenizer:
         overlap by `stride` tokens; `overflow_to_sample_mapping` says which input each came from.
         is_split_into_words: each text is a list of words (e.g. NER tokens); word ids index them.
         return_token_type_ids: None follows `model_input_names` (RoBERTa's tokenizers send none).
-        truncation_side: "right" cuts the end of a long text (the default, as everywhere in bertforge);
-            "left" cuts its beginning, as TEI's `truncation_direction: left` asks.
+        truncation_side: "right" cuts the end of a long text, "left" its beginning (as TEI's
+            `truncation_direction: left` asks); None: the tokenizer's `truncation_side` (right unless set).
+        padding_side: None: the tokenizer's `padding_side` (right unless set); "left" pads before the text.
+        return_attention_mask: None or True returns it; return_length adds each row's "length" (its tokens,
+            padding included, as transformers counts).
         """
+        truncation_side = truncation_side or self.truncation_side
+        padding_side = padding_side or self.padding_side
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"unknown padding_side {padding_side!r} (left or right)")
         pair = text_pair if text_pair is not None else text_pairs
         unit = list if is_split_into_words else str
         single = isinstance(text, str) or (is_split_into_words and text and isinstance(text[0], str))
@@ -481,6 +609,10 @@ class Tokenizer:
             raise ValueError(f"unknown truncation_side {truncation_side!r} (left or right)")
         if max_length is None and (strategy or padding == "max_length"):
             max_length = self.model_max_length
+        if max_length is not None and max_length >= UNSET_MAX_LENGTH:  # no maximum: nothing to cut (transformers)
+            if padding == "max_length":
+                raise ValueError("padding='max_length' needs max_length: this tokenizer has no model_max_length")
+            max_length, strategy = None, None
         if strategy:
             # Each text needs at least one token beside the special ones; with less room, `tokenizers`
             # returns rows longer than max_length (and transformers passes them on), so refuse instead.
@@ -522,7 +654,8 @@ class Tokenizer:
                 target = -(-target // pad_to_multiple_of) * pad_to_multiple_of
             for enc in encodings:
                 if len(enc.ids) < target:
-                    enc.pad(target, pad_id=self.pad_token_id, pad_type_id=0, pad_token=self.specials["pad_token"])
+                    enc.pad(target, direction=padding_side, pad_id=self.pad_token_id, pad_type_id=0,
+                            pad_token=self.specials["pad_token"])
 
         data: dict[str, Any] = {
             "input_ids": [e.ids for e in encodings],
@@ -536,6 +669,10 @@ class Tokenizer:
             data["offset_mapping"] = [e.offsets for e in encodings]
         if return_special_tokens_mask:
             data["special_tokens_mask"] = [e.special_tokens_mask for e in encodings]
+        if return_attention_mask is False:
+            del data["attention_mask"]
+        if return_length:
+            data["length"] = [len(e.ids) for e in encodings]
         if return_word_ids:
             data["word_ids"] = [e.word_ids for e in encodings]
         if return_overflowing_tokens:
@@ -551,7 +688,7 @@ class Tokenizer:
 def _as_tensor(key: str, rows: list, kind: str):
     if key == "word_ids":
         return rows  # holds None for special tokens: no tensor form
-    lengths = {len(r) for r in rows} if rows and isinstance(rows[0], list) else {0}
+    lengths = {len(r) for r in rows} if rows and isinstance(rows[0], list) else {0}  # ("length": one int a row)
     if len(lengths) > 1:
         raise ValueError("rows differ in length: pass padding=True to build a tensor")
     import numpy as np

@@ -37,7 +37,7 @@ class Api:
         self.app, self.service, self.submit = app, service, submit
         self.limits = service.limits
         # A token id must name a row of the embedding matrix and a token the tokenizer can decode.
-        ids = min(service.tokenizer.vocab_size, service.config.vocab_size)
+        ids = min(len(service.tokenizer), service.config.vocab_size)
         self.bodies = request_models(self.limits.max_texts, self.limits.max_chars, service.tokenizer.mask_token,
                                      service.dimension, ids, tuple(sorted(service.sentence.prompts)))
 

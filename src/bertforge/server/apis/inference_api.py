@@ -14,9 +14,10 @@ Which task runs is decided by the model's head, then by the payload:
 """
 
 
+from ...inference.hf_pipeline import default_activation, fill_mask_rows, ranked
 from ..schemas import choose
 from .common import Api
-from .tei import classify_pairs, embed_tei, predict_tei, ranked, rerank_tei, similarity_tei
+from .tei import classify_pairs, embed_tei, predict_tei, rerank_tei, similarity_tei
 
 
 async def fill_mask(api: Api, body) -> list:
@@ -29,19 +30,8 @@ async def fill_mask(api: Api, body) -> list:
                tuple(params.targets) if params and params.targets else None)
     encoded = [service.encode(t) for t in texts]  # the ids the pipeline reads: for the budget and `sequence`
     found = await api.submit("fill-mask", [(t, options) for t in texts], sum(len(ids) for ids in encoded))
-    mask_id, out = service.tokenizer.mask_token_id, []
-    for ids, masks in zip(encoded, found):
-        positions = [i for i, t in enumerate(ids) if t == mask_id]
-        single = len(positions) == 1
-        per_mask = []
-        for position, predictions in zip(positions, masks):
-            rows = []
-            for p in predictions:
-                filled = ids[:position] + [p["token"]] + ids[position + 1:]
-                token_str, sequence = service.decode([[p["token"]], filled], skip_special_tokens=single)
-                rows.append({"score": p["score"], "token": p["token"], "token_str": token_str, "sequence": sequence})
-            per_mask.append(rows)
-        out.append(per_mask[0] if single else per_mask)
+    out = [fill_mask_rows(ids, masks, service.tokenizer.mask_token_id, service.decode)
+           for ids, masks in zip(encoded, found)]
     return out[0] if isinstance(body.inputs, str) else out
 
 
@@ -50,9 +40,8 @@ async def text_classification(api: Api, body) -> list:
     (default as transformers: a sigmoid for one logit or several independent labels, else a softmax)."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     rows = await classify_pairs(api, [[t] for t in texts], api.truncates(None), "right", "inputs")
-    problem = api.service.model.problem_type()
-    default = "sigmoid" if problem in ("regression", "multi_label_classification") else "softmax"
-    how = body.parameters.function_to_apply or default
+    how = body.parameters.function_to_apply or default_activation(api.service.model.problem_type(),
+                                                                  api.service.config.num_labels)
     names = api.service.config.label_names
     return [ranked(r["logits"], names, how, body.parameters.top_k) for r in rows]
 

@@ -6,28 +6,11 @@
 
 import numpy as np
 
+from ...inference.hf_pipeline import ranked
 from ..errors import Refused
 from .bertforge import embed_texts
 from .cohere import rerank as cohere_rerank
 from .common import Api, normalized, side_of
-
-
-def class_scores(logits: list[float], how: str) -> np.ndarray:
-    """Scores from one input's logits: "softmax", "sigmoid" or "none" (the logits)."""
-    x = np.asarray(logits, dtype=np.float64)
-    if how == "none":
-        return x
-    if how == "sigmoid":
-        return 1 / (1 + np.exp(-x))
-    e = np.exp(x - x.max())
-    return e / e.sum()
-
-
-def ranked(logits: list[float], names: list[str], how: str, top_k: int | None = None) -> list[dict]:
-    """[{label, score}] best first (ties keep the label order), at most `top_k`."""
-    scores = class_scores(logits, how)
-    order = sorted(range(len(scores)), key=lambda i: -scores[i])
-    return [{"label": names[i], "score": float(scores[i])} for i in order[:top_k]]
 
 
 def tei_activation(logits: list[float], raw_scores: bool) -> str:
