@@ -169,6 +169,12 @@ def script(T: Any, mlm: Path, classifier: Path, scratch: Path) -> dict[str, Call
         "len(tok)": lambda: len(tok),
         "get_vocab": lambda: tok.get_vocab() == T.AutoTokenizer.from_pretrained(mlm).get_vocab(),
         "padding_side, truncation_side": lambda: (tok.padding_side, tok.truncation_side),
+        "add_special_tokens": lambda: (lambda t: (t.add_special_tokens({"additional_special_tokens": ["<ent>"]}),
+                                                  len(t), t("a <ent> film").input_ids, "<ent>" in t.all_special_tokens,
+                                                  t.decode(t("a <ent> film").input_ids, skip_special_tokens=True)))(
+            T.AutoTokenizer.from_pretrained(mlm)),
+        "add_tokens": lambda: (lambda t: (t.add_tokens(["zzfilmzz", "the"]), len(t), t("a zzfilmzz").input_ids))(
+            T.AutoTokenizer.from_pretrained(mlm)),
         "tokenize": lambda: tok.tokenize(TEXTS[1]),
         "encode": lambda: tok.encode(TEXTS[0]),
         "encode(pair)": lambda: tok.encode(TEXTS[0], TEXTS[1]),
@@ -217,6 +223,11 @@ def script(T: Any, mlm: Path, classifier: Path, scratch: Path) -> dict[str, Call
         "left-padded classifier": left_padded,
         "save_pretrained reloads": lambda: (saved_and_reloaded(), logits_of(
             T.AutoModelForMaskedLM.from_pretrained(scratch / "model").eval(), batch)),
+        # Each library reads what the other saved: the same ids and the same logits.
+        "the other library reads the save": lambda: (saved_and_reloaded(), (lambda other: (
+            other.AutoTokenizer.from_pretrained(scratch / "model")(TEXTS).input_ids,
+            logits_of(other.AutoModelForMaskedLM.from_pretrained(scratch / "model").eval(), batch)))(
+            bertforge if T is transformers else transformers)),
         # --- pipelines
         "pipeline fill-mask": lambda: T.pipeline("fill-mask", model=str(mlm))(masked),
         "pipeline fill-mask top_k": lambda: T.pipeline("fill-mask", model=str(mlm))([masked, masked], top_k=2),
@@ -242,12 +253,12 @@ def same(a: Any, b: Any) -> bool:
             return False
         return bool(torch.allclose(a.double(), b.double(), atol=1e-5, rtol=0)) if a.is_floating_point() \
             else bool(torch.equal(a, b))
+    if hasattr(a, "item") and hasattr(a, "dtype"):  # numpy scalars (transformers' pipeline scores)
+        a = a.item()
+    if hasattr(b, "item") and hasattr(b, "dtype"):
+        b = b.item()
     if isinstance(a, float) or isinstance(b, float):
         return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(float(a) - float(b)) <= 1e-5
-    if hasattr(a, "item") and not isinstance(a, (list, tuple, dict)):  # numpy scalars
-        return same(float(a), b)
-    if hasattr(b, "item") and not isinstance(b, (list, tuple, dict)):
-        return same(a, float(b))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -269,6 +280,7 @@ def run_script(T: Any, mlm: Path, classifier: Path, scratch: Path) -> dict[str, 
 
 # The calls the issue's table names: these must match for every family.
 REQUIRED = ["convert_tokens_to_ids(mask_token)", "decode", "batch_decode", "save_pretrained files load back",
+            "the other library reads the save",
             "special tokens", "all_special_tokens", "tok(batch).input_ids", "enc.to(device)", "out[0]",
             "return_dict=False", "dtype=bfloat16", "torch_dtype=bfloat16", "attn_implementation=eager",
             "get_input_embeddings", "device, dtype", "new head id2label", "num_labels=1 problem_type",
@@ -324,3 +336,55 @@ def test_the_question_answering_loss_does_not_depend_on_padding(tmp_path):
     torch.testing.assert_close(batch, torch.stack(alone).mean(), atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.stack(alone), torch.stack(hf_alone), atol=1e-5, rtol=0)  # unpadded: the same
     assert abs(float(hf) - float(torch.stack(hf_alone).mean())) > 1e-3  # transformers' moves with the padding
+
+
+@pytest.mark.parametrize("family", ["bert", "albert", "deberta-v2", "modernbert"])
+def test_gradient_checkpointing_gives_the_same_gradients(family_dirs, family, monkeypatch):
+    """transformers' `gradient_checkpointing_enable`: each block recomputed in backward, dropout replayed, so the
+    loss and every gradient are those of the plain step (ALBERT's shared block and the families' own loops too)."""
+    mlm = family_dirs[f"{family}-mlm"]
+    tok = bertforge.AutoTokenizer.from_pretrained(mlm)
+    batch = tok(TEXTS, padding=True, return_tensors="pt")
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+
+    import torch.utils.checkpoint as cp
+
+    recomputed = []
+    real = cp.checkpoint
+    monkeypatch.setattr(cp, "checkpoint", lambda *a, **k: recomputed.append(1) or real(*a, **k))
+
+    def step(checkpointed: bool):
+        model = bertforge.AutoModelForMaskedLM.from_pretrained(mlm, hidden_dropout_prob=0.1)
+        if checkpointed:
+            model.gradient_checkpointing_enable()
+        model.train()
+        torch.manual_seed(3)
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    plain = step(False)
+    assert not recomputed
+    checkpointed = step(True)
+    assert len(recomputed) >= 2  # every block's forward went through the checkpoint
+    torch.testing.assert_close(checkpointed[0], plain[0], atol=0, rtol=0)
+    assert len(checkpointed[1]) == len(plain[1])
+    for a, b in zip(checkpointed[1], plain[1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_token_classification_pipeline_equals_transformers(tmp_path_factory, strategy):
+    """Every aggregation strategy both libraries have: the same entities, words, offsets and scores."""
+    root = tmp_path_factory.mktemp("tagger")
+    tok = Tokenizer.train(texts=corpus(), vocab_size=600)
+    labels = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+    config = transformers.BertConfig(vocab_size=len(tok), **SIZES, id2label=labels,
+                                     label2id={v: k for k, v in labels.items()})
+    torch.manual_seed(0)
+    perturbed(transformers.BertForTokenClassification(config)).save_pretrained(root)
+    tok.save(root)
+    texts = ["John Smith lives in Paris near the Seine .", "a film about Berlin"]
+    theirs = transformers.pipeline("token-classification", model=str(root), aggregation_strategy=strategy)(texts)
+    ours = bertforge.pipeline("token-classification", model=str(root), aggregation_strategy=strategy)(texts)
+    assert same(theirs, ours), (theirs, ours)

@@ -159,6 +159,16 @@ class TokenClassificationPipeline(Pipeline):
         found = pipelines.ner(self.model, self.tokenizer, inputs, aggregation_strategy,
                               stride if stride is not None else 64, batch_size=self.batch_size)
         key = "entity" if aggregation_strategy == "none" else "entity_group"
+        if aggregation_strategy in ("first", "average", "max"):
+            # transformers' `word` is the entity's tokens decoded (lower-cased by an uncased tokenizer); bertforge's
+            # word-level answers (`predict ner`, the server) carry the text's own characters instead.
+            for text, entities in zip(inputs, found):
+                enc = self.tokenizer(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+                for e in entities:
+                    ids = [i for i, (a, b), special in zip(enc["input_ids"], enc["offset_mapping"],
+                                                           enc["special_tokens_mask"])
+                           if not special and a >= e["start"] and b <= e["end"] and b > a]
+                    e["word"] = self.tokenizer.decode(ids)
         return [[e for e in entities if e[key] not in ignore] for entities in found]
 
 

@@ -185,6 +185,36 @@ class PreTrainedModel(nn.Module):
         to re-point, as transformers' decoder.weight is), so it stays tied through `set_input_embeddings` and
         `resize_token_embeddings`."""
 
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each encoder block in the backward pass instead of keeping its activations (transformers' name):
+        activation memory falls to about one block's, a step costs about one more forward. The random state is
+        replayed, so dropout draws the same masks and the gradients are the ones without it."""
+        from torch.utils.checkpoint import checkpoint
+
+        options = {"use_reentrant": False, **(gradient_checkpointing_kwargs or {})}
+        backbone = getattr(self, "backbone", self)
+        for block in {id(b): b for b in backbone.blocks()}.values():  # ALBERT runs a shared block several times
+            if getattr(block, "_plain_forward", None) is not None:
+                continue
+            block._plain_forward = plain = block.forward
+
+            def forward(*args: Any, _plain: Any = plain, _block: nn.Module = block, **kwargs: Any) -> Any:
+                if _block.training and torch.is_grad_enabled():
+                    return checkpoint(_plain, *args, **options, **kwargs)
+                return _plain(*args, **kwargs)
+
+            block.forward = forward
+        self.is_gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        backbone = getattr(self, "backbone", self)
+        for block in backbone.blocks():
+            if getattr(block, "_plain_forward", None) is not None:
+                block.forward, block._plain_forward = block._plain_forward, None
+        self.is_gradient_checkpointing = False
+
+    is_gradient_checkpointing = False
+
     def resize_token_embeddings(self, new_num_tokens: int) -> nn.Embedding:
         """Grow or shrink the vocabulary to `new_num_tokens` rows: the rows kept keep their values, new ones are
         initialised as the model's own (N(0, initializer_range)); an untied decoder and a decoder's bias are resized

@@ -525,6 +525,37 @@ class Tokenizer:
     def additional_special_tokens(self) -> list[str]:
         return list(self.extra_specials)
 
+    def add_tokens(self, new_tokens: str | list[str], special_tokens: bool = False) -> int:
+        """Add tokens to the vocabulary (kept whole in text, given new ids at the end); returns how many were new.
+        Then `model.resize_token_embeddings(len(tok))`, as in transformers."""
+        tokens = [new_tokens] if isinstance(new_tokens, str) else list(new_tokens)
+        if special_tokens:
+            self.extra_specials += [t for t in tokens if t not in self.extra_specials]
+            return self.backend.add_special_tokens(tokens)
+        return self.backend.add_tokens(tokens)  # (counts a token the vocabulary has as added too, as transformers)
+
+    def add_special_tokens(self, special_tokens_dict: dict[str, Any],
+                           replace_additional_special_tokens: bool = True) -> int:
+        """transformers' `add_special_tokens({"pad_token": ..., "additional_special_tokens": [...]})`: each token is
+        added as a special token (never split, skipped by `decode(skip_special_tokens=True)`) and takes its role;
+        returns how many tokens were added, counted as transformers counts them."""
+        added = 0
+        for role, value in special_tokens_dict.items():
+            if role in ("additional_special_tokens", "extra_special_tokens"):
+                values = list(value.values()) if isinstance(value, dict) else list(value)
+                added += self.backend.add_special_tokens(values)
+                kept = [] if replace_additional_special_tokens else self.extra_specials
+                self.extra_specials = kept + [t for t in values if t not in kept]
+            elif role in SPECIAL_ATTRIBUTES:
+                if not isinstance(value, str):
+                    raise TypeError(f"add_special_tokens: {role} must be a string, got {type(value).__name__}")
+                added += self.backend.add_special_tokens([value])
+                self.specials[role] = value
+            else:
+                raise ValueError(f"add_special_tokens: unknown role {role!r} ({', '.join(SPECIAL_ATTRIBUTES)}, "
+                                 "additional_special_tokens)")
+        return added
+
     @property
     def special_ids(self) -> set[int]:
         ids = (self.backend.token_to_id(t) for t in [*self.specials.values(), *self.extra_specials])
