@@ -170,7 +170,8 @@ def script(T: Any, mlm: Path, classifier: Path, scratch: Path) -> dict[str, Call
         "get_vocab": lambda: tok.get_vocab() == T.AutoTokenizer.from_pretrained(mlm).get_vocab(),
         "padding_side, truncation_side": lambda: (tok.padding_side, tok.truncation_side),
         "add_special_tokens": lambda: (lambda t: (t.add_special_tokens({"additional_special_tokens": ["<ent>"]}),
-                                                  len(t), t("a <ent> film").input_ids, "<ent>" in t.all_special_tokens,
+                                                  len(t), t.vocab_size, t("a <ent> film").input_ids,
+                                                  "<ent>" in t.all_special_tokens,
                                                   t.decode(t("a <ent> film").input_ids, skip_special_tokens=True)))(
             T.AutoTokenizer.from_pretrained(mlm)),
         "add_tokens": lambda: (lambda t: (t.add_tokens(["zzfilmzz", "the"]), len(t), t("a zzfilmzz").input_ids))(
@@ -388,3 +389,70 @@ def test_token_classification_pipeline_equals_transformers(tmp_path_factory, str
     theirs = transformers.pipeline("token-classification", model=str(root), aggregation_strategy=strategy)(texts)
     ours = bertforge.pipeline("token-classification", model=str(root), aggregation_strategy=strategy)(texts)
     assert same(theirs, ours), (theirs, ours)
+
+
+def test_question_answering_pipeline_ranks_spans_as_transformers_did(tmp_path):
+    """transformers 5 removed the task; bertforge's keeps 4.x's call, answer and ranking. The reference here is that
+    ranking computed from transformers' own model's logits: softmax over the context's tokens, score = start
+    probability x end probability, spans of at most max_answer_len tokens, best first."""
+    import numpy as np
+
+    tok = Tokenizer.train(texts=corpus(), vocab_size=600)
+    config = transformers.BertConfig(vocab_size=len(tok), **SIZES)
+    torch.manual_seed(0)
+    perturbed(transformers.BertForQuestionAnswering(config)).save_pretrained(tmp_path)
+    tok.save(tmp_path)
+    question, context = "where does john live ?", "john lives in paris with his dog and two cats ."
+    qa = bertforge.pipeline("question-answering", model=str(tmp_path))
+    top = qa(question=question, context=context, top_k=3)
+    assert qa(question=question, context=context) == top[0] and len(top) == 3
+    assert qa({"question": question, "context": context}) == top[0]
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path).eval()
+    enc = hf_tok(question, context, return_tensors="pt", return_offsets_mapping=True)
+    offsets = enc.pop("offset_mapping")[0].tolist()
+    with torch.no_grad():
+        out = model(**enc)
+    in_context = np.array([s == 1 for s in enc.sequence_ids(0)])
+    def softmax(x):
+        x = np.where(in_context, x.numpy().astype(np.float64), -np.inf)
+        return np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    ps, pe = softmax(out.start_logits[0]), softmax(out.end_logits[0])
+    spans = sorted(((ps[s] * pe[e], s, e) for s in range(len(ps)) for e in range(s, min(s + 15, len(ps)))
+                    if in_context[s] and in_context[e]), reverse=True)[:3]
+    expected = [{"start": offsets[s][0], "end": offsets[e][1], "answer": context[offsets[s][0]:offsets[e][1]]}
+                for _, s, e in spans]
+    assert [{k: a[k] for k in ("start", "end", "answer")} for a in top] == expected
+    assert [a["score"] for a in top] == pytest.approx([float(p) for p, _, _ in spans], abs=1e-6)
+    # a context longer than one window, and the no-answer candidate
+    long_answers = qa(question=question, context=" ".join([context] * 40), top_k=2, max_seq_len=64, doc_stride=16)
+    assert len(long_answers) == 2 and all(a["answer"] for a in long_answers)
+    with_null = qa(question=question, context=context, top_k=500, handle_impossible_answer=True)  # every span
+    assert any(a["answer"] == "" and a["start"] == a["end"] == 0 for a in with_null)
+
+
+def test_a_tokenizer_saved_without_a_maximum_length_has_none(family_dirs, tmp_path):
+    """transformers reads a tokenizer_config.json without model_max_length as "no limit" (int(1e30)), so
+    `truncation=True` cuts nothing; bertforge read it as 512."""
+    folder = tmp_path / "tok"
+    shutil.copytree(family_dirs["bert-mlm"], folder)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.pop("model_max_length", None)
+    config_file.write_text(json.dumps(config))
+    long = " ".join(["film"] * 700)
+    for T in (transformers, bertforge):
+        tok = T.AutoTokenizer.from_pretrained(folder)
+        assert tok.model_max_length == int(1e30)
+        assert len(tok(long, truncation=True)["input_ids"]) == len(tok(long)["input_ids"]) > 700
+
+
+def test_sentence_similarity_pipeline_equals_sentence_transformers(minilm_dir, st_model):
+    """sentence-transformers' task, in the Inference API's shape: cosines of each sentence with the source."""
+    sentences = ["a dog runs in the park", "the stock market fell", "puppies playing outside"]
+    ours = bertforge.pipeline("sentence-similarity", model=str(minilm_dir))(
+        {"source_sentence": "a dog plays", "sentences": sentences})
+    vectors = st_model.encode(["a dog plays", *sentences], convert_to_tensor=True).double()
+    theirs = torch.nn.functional.cosine_similarity(vectors[1:], vectors[:1]).tolist()
+    assert ours == pytest.approx(theirs, abs=1e-5)

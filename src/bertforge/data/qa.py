@@ -216,3 +216,44 @@ def best_answers(examples: list[QAExample], features: list[dict], start_logits: 
         null_margin[example.id] = float(margin)
         answers[example.id] = "" if (null_threshold is not None and margin > null_threshold) else best_text
     return answers, null_margin
+
+
+def ranked_spans(example: QAExample, windows: list[tuple[list, np.ndarray, np.ndarray]], top_k: int,
+                 max_answer_len: int, handle_impossible_answer: bool = False) -> list[dict]:
+    """The `top_k` best answers to one question, as transformers' question-answering pipeline ranks them.
+
+    windows: (offsets, start logits, end logits) of each window of the context (offsets None outside it).
+    In each window the start and end probabilities are softmaxes over the context's tokens (and the first
+    token's, the no-answer, with `handle_impossible_answer`); a span's score is their product, the spans of
+    every window compete on it, best first. With `handle_impossible_answer` the no-answer ("", 0, 0) takes
+    part with the smallest first-token score of the windows. Returns [{score, start, end, answer}]."""
+    answers: list[dict] = []
+    null = np.inf
+    for offsets, starts, ends in windows:
+        n = len(offsets)
+        keep = np.array([i < n and offsets[i] is not None for i in range(len(starts))])
+        if handle_impossible_answer:
+            keep[0] = True
+        def softmax(x: np.ndarray) -> np.ndarray:
+            x = np.where(keep, x.astype(np.float64), -np.inf)
+            e = np.exp(x - x.max())
+            return e / e.sum()
+        ps, pe = softmax(starts), softmax(ends)
+        if handle_impossible_answer:
+            null = min(null, float(ps[0] * pe[0]))
+        scores = np.triu(np.outer(ps, pe))  # end at or after start
+        scores = np.tril(scores, max_answer_len - 1)  # at most max_answer_len tokens
+        found = 0
+        for flat in np.argsort(-scores, axis=None, kind="stable"):  # this window's best k spans
+            s, e = divmod(int(flat), scores.shape[1])
+            if scores[s, e] <= 0 or found == top_k:
+                break
+            if s >= n or e >= n or offsets[s] is None or offsets[e] is None:  # the no-answer's row or column
+                continue
+            answers.append({"score": float(scores[s, e]), "start": offsets[s][0], "end": offsets[e][1],
+                            "answer": example.context[offsets[s][0]:offsets[e][1]]})
+            found += 1
+    if handle_impossible_answer and np.isfinite(null):
+        answers.append({"score": null, "start": 0, "end": 0, "answer": ""})
+    return sorted(answers, key=lambda a: -a["score"])[:top_k]
+

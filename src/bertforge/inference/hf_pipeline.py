@@ -187,14 +187,15 @@ class QuestionAnsweringPipeline(Pipeline):
 
     def run(self, inputs: list, top_k: int = 1, doc_stride: int = 128, max_answer_len: int = 15,
             max_seq_len: int = 384, handle_impossible_answer: bool = False) -> list:
+        """One {score, start, end, answer} per question (a list of `top_k` of them when top_k > 1), ranked as
+        transformers' (4.x) pipeline ranks spans (`data.qa.ranked_spans`); contexts of any length are windowed."""
         from . import pipelines
 
-        if top_k != 1:
-            raise InputError(f"top_k {top_k}: bertforge's question answering gives the best answer only")
-        found = pipelines.answer(self.model, self.tokenizer, inputs, max_length=max_seq_len, stride=doc_stride,
-                                 max_answer_len=max_answer_len, null_threshold=0.0 if handle_impossible_answer else None,
-                                 batch_size=self.batch_size)
-        return [{"score": r["score"], "start": r["start"], "end": r["end"], "answer": r["answer"]} for r in found]
+        if top_k < 1:
+            raise InputError(f"top_k {top_k}: at least 1")
+        found = pipelines.answer_spans(self.model, self.tokenizer, inputs, max_seq_len, doc_stride, top_k,
+                                       max_answer_len, handle_impossible_answer, self.batch_size)
+        return [spans[0] if top_k == 1 and spans else spans for spans in found]
 
 
 class FeatureExtractionPipeline(Pipeline):

@@ -431,7 +431,20 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
     max_length = min(max_length, model.config.max_sequence_length)
     # As transformers' QA pipeline does, keep the overlap of context windows to at most half a window.
     features = qa_features(examples, tokenizer, max_length, min(stride, max_length // 2))
+    starts, ends = _window_logits(model, tokenizer, features, batch_size)
+    details: dict = {}
+    answers, margins = best_answers(examples, features, starts, ends, n_best, max_answer_len, null_threshold,
+                                    details=details)
+    # A context with no token to answer from has no span at all: its margin is null, not infinity
+    # (which JSON cannot carry).
+    return [{**details[e.id], "answer": answers[e.id],
+             "null_margin": margins[e.id] if np.isfinite(margins[e.id]) else None} for e in examples]
+
+
+def _window_logits(model, tokenizer: Tokenizer, features: list[dict], batch_size: int) -> tuple[tuple, tuple]:
+    """(start logits, end logits) of each QA window, float [T] each, through the one inference loop."""
     model.eval()
+
     def step(batch: dict, rows: list[int]) -> list:
         out = model(**batch)
         start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
@@ -440,10 +453,27 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
 
     inputs = [{k: f[k] for k in ("input_ids", "token_type_ids")} for f in features]
     starts, ends = zip(*run_sorted(inputs, tokenizer.pad_token_id, batch_size, step, device=device_of(model)))
-    details: dict = {}
-    answers, margins = best_answers(examples, features, starts, ends, n_best, max_answer_len, null_threshold,
-                                    details=details)
-    # A context with no token to answer from has no span at all: its margin is null, not infinity
-    # (which JSON cannot carry).
-    return [{**details[e.id], "answer": answers[e.id],
-             "null_margin": margins[e.id] if np.isfinite(margins[e.id]) else None} for e in examples]
+    return starts, ends
+
+
+@torch.no_grad()
+def answer_spans(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384, stride: int = 128,
+                 top_k: int = 1, max_answer_len: int = 15, handle_impossible_answer: bool = False,
+                 batch_size: int = 16) -> list[list[dict]]:
+    """The `top_k` best answers of each `{"question", "context"}` item, ranked as transformers' pipeline ranks
+    them (`data.qa.ranked_spans`): [{score, start, end, answer}] per item, best first."""
+    from ..data.qa import QAExample, qa_features, ranked_spans
+
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not item.get("question") or not item.get("context"):
+            raise InputError(f"item {i + 1}: needs a non-empty 'question' and 'context'")
+    examples = [QAExample(str(i), it["question"], it["context"]) for i, it in enumerate(items)]
+    max_length = min(max_length, model.config.max_sequence_length)
+    features = qa_features(examples, tokenizer, max_length, min(stride, max_length // 2))
+    starts, ends = _window_logits(model, tokenizer, features, batch_size)
+    windows: list[list] = [[] for _ in examples]
+    for f, s, e in zip(features, starts, ends):
+        windows[f["example"]].append((f["offsets"], s, e))
+    return [ranked_spans(example, w, top_k, max_answer_len, handle_impossible_answer)
+            for example, w in zip(examples, windows)]
+
