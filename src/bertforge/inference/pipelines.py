@@ -422,16 +422,9 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
     """`{"question", "context"}` items -> `{"answer", "score", "start", "end"}` (character offsets into
     the context). Contexts of any length are windowed; candidates are merged across windows.
     With `null_threshold` (SQuAD v2 models) the answer is "" when no-answer wins by more than it."""
-    from ..data.qa import QAExample, best_answers, qa_features
+    from ..data.qa import best_answers
 
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or not item.get("question") or not item.get("context"):
-            raise InputError(f"item {i + 1}: needs a non-empty 'question' and 'context'")
-    examples = [QAExample(str(i), it["question"], it["context"]) for i, it in enumerate(items)]
-    max_length = min(max_length, model.config.max_sequence_length)
-    # As transformers' QA pipeline does, keep the overlap of context windows to at most half a window.
-    features = qa_features(examples, tokenizer, max_length, min(stride, max_length // 2))
-    starts, ends = _window_logits(model, tokenizer, features, batch_size)
+    examples, features, starts, ends = _qa_windows(model, tokenizer, items, max_length, stride, batch_size)
     details: dict = {}
     answers, margins = best_answers(examples, features, starts, ends, n_best, max_answer_len, null_threshold,
                                     details=details)
@@ -439,6 +432,21 @@ def answer(model, tokenizer: Tokenizer, items: list[dict], max_length: int = 384
     # (which JSON cannot carry).
     return [{**details[e.id], "answer": answers[e.id],
              "null_margin": margins[e.id] if np.isfinite(margins[e.id]) else None} for e in examples]
+
+
+def _qa_windows(model, tokenizer: Tokenizer, items: list[dict], max_length: int, stride: int,
+                batch_size: int) -> tuple[list, list[dict], tuple, tuple]:
+    """(examples, windows, start logits, end logits) of `{"question", "context"}` items: each context cut into
+    windows that overlap by at most half a window (as transformers' QA pipeline keeps them), through the model."""
+    from ..data.qa import QAExample, qa_features
+
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not item.get("question") or not item.get("context"):
+            raise InputError(f"item {i + 1}: needs a non-empty 'question' and 'context'")
+    examples = [QAExample(str(i), it["question"], it["context"]) for i, it in enumerate(items)]
+    max_length = min(max_length, model.config.max_sequence_length)
+    features = qa_features(examples, tokenizer, max_length, min(stride, max_length // 2))
+    return (examples, features, *_window_logits(model, tokenizer, features, batch_size))
 
 
 def _window_logits(model, tokenizer: Tokenizer, features: list[dict], batch_size: int) -> tuple[tuple, tuple]:
@@ -462,15 +470,9 @@ def answer_spans(model, tokenizer: Tokenizer, items: list[dict], max_length: int
                  batch_size: int = 16) -> list[list[dict]]:
     """The `top_k` best answers of each `{"question", "context"}` item, ranked as transformers' pipeline ranks
     them (`data.qa.ranked_spans`): [{score, start, end, answer}] per item, best first."""
-    from ..data.qa import QAExample, qa_features, ranked_spans
+    from ..data.qa import ranked_spans
 
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or not item.get("question") or not item.get("context"):
-            raise InputError(f"item {i + 1}: needs a non-empty 'question' and 'context'")
-    examples = [QAExample(str(i), it["question"], it["context"]) for i, it in enumerate(items)]
-    max_length = min(max_length, model.config.max_sequence_length)
-    features = qa_features(examples, tokenizer, max_length, min(stride, max_length // 2))
-    starts, ends = _window_logits(model, tokenizer, features, batch_size)
+    examples, features, starts, ends = _qa_windows(model, tokenizer, items, max_length, stride, batch_size)
     windows: list[list] = [[] for _ in examples]
     for f, s, e in zip(features, starts, ends):
         windows[f["example"]].append((f["offsets"], s, e))
