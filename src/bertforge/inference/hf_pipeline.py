@@ -201,8 +201,9 @@ class QuestionAnsweringPipeline(Pipeline):
 class FeatureExtractionPipeline(Pipeline):
     task = "feature-extraction"
 
-    def run(self, inputs: list, tokenize_kwargs: dict | None = None, return_tensors: bool = False) -> list:
-        """As transformers' feature-extraction: every token's vector, [1, T, H] per input (special tokens included)."""
+    def run(self, inputs: list, return_tensors: bool = False) -> list:
+        """As transformers' feature-extraction: every token's vector, [1, T, H] per input (special tokens included;
+        an input longer than the model reads is cut at its length)."""
         from . import pipelines
 
         found = pipelines.token_vectors(self.model, self.tokenizer, inputs, batch_size=self.batch_size)

@@ -615,6 +615,7 @@ class Tokenizer:
         padding_side: None: the tokenizer's `padding_side` (right unless set); "left" pads before the text.
         return_attention_mask: None or True returns it; return_length adds each row's "length" (its tokens,
             padding included, as transformers counts).
+        verbose: transformers' switch for its warnings; this tokenizer warns of nothing here, so it changes nothing.
         """
         truncation_side = truncation_side or self.truncation_side
         padding_side = padding_side or self.padding_side
