@@ -145,6 +145,8 @@ class SentenceTokenizer(Tokenizer):
     def _save_vocabulary(self, path: Path) -> None:
         pass
 
+    saved_files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
     @property
     def clean_up_spaces(self) -> bool:  # tokenizer_config.json's clean_up_tokenization_spaces
         return self.settings["clean_up_spaces"]
@@ -237,6 +239,8 @@ class ByteLevelBPETokenizer(SentenceTokenizer):
 
     def _config_extra(self) -> dict[str, Any]:
         return {"trim_offsets": self.settings["trim_offsets"], "errors": "replace"}
+
+    saved_files = SentenceTokenizer.saved_files + ("vocab.json", "merges.txt")
 
     def _save_vocabulary(self, path: Path) -> None:
         self.backend.model.save(str(path))  # vocab.json and merges.txt, for tools that read those

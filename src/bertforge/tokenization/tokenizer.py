@@ -406,12 +406,19 @@ class Tokenizer:
         backend = Backend(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_CHARS_PER_WORD))
         return cls._assemble(backend, Path("<trained>"), {"lowercase": lowercase})
 
-    def save_pretrained(self, save_directory: str | Path, **_: Any) -> tuple[str, ...]:
-        """transformers' name for `save`: the files written, which transformers' AutoTokenizer loads."""
-        before = set(Path(save_directory).glob("*")) if Path(save_directory).is_dir() else set()
+    def save_pretrained(self, save_directory: str | Path, legacy_format: bool | None = None,
+                        filename_prefix: str | None = None, push_to_hub: bool = False) -> tuple[str, ...]:
+        """transformers' name for `save`; returns the files it wrote. `legacy_format` changes nothing (both the
+        vocabulary files and tokenizer.json are always written); a filename prefix and pushing to the Hub are
+        refused rather than ignored."""
+        if filename_prefix or push_to_hub:
+            raise TokenizerError("save_pretrained: filename_prefix and push_to_hub are not supported; save to a "
+                                 "directory of its own")
         self.save(save_directory)
-        return tuple(str(p) for p in sorted(set(Path(save_directory).glob("*")) | before)
-                     if p.name.startswith(("vocab", "tokenizer", "special_tokens", "merges", "spiece", "sentencepiece")))
+        return tuple(str(Path(save_directory) / name) for name in self.saved_files)
+
+    # What `save` writes (each kind's own list).
+    saved_files: tuple[str, ...] = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
     def save(self, path: str | Path) -> None:
         """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
