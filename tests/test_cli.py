@@ -27,7 +27,8 @@ def subcommand_paths(command, prefix=()):
 
 def test_help_lists_every_subcommand_and_each_flag_has_help(capsys):
     paths = dict(subcommand_paths(build_command()))
-    assert {("inspect",), ("tokenizer", "train"), ("demo",), ("pretrain",), ("finetune",)} <= set(paths)
+    assert {("inspect",), ("tokenizer", "train"), ("demo",), ("pretrain",), ("finetune", "classify"),
+            ("finetune", "embed")} <= set(paths)
     top = subprocess.run([sys.executable, "-m", "bertforge", "--help"], capture_output=True, text=True)
     assert top.returncode == 0
     for path, command in paths.items():
@@ -46,8 +47,11 @@ def test_help_defaults_are_the_settings_defaults():
     from bertforge.runconfig import FinetuneConfig, PretrainConfig, cli_fields
 
     paths = dict(subcommand_paths(build_command()))
-    for name, cls in (("pretrain", PretrainConfig), ("finetune", FinetuneConfig)):
-        shown = {p.name: p.default for p in paths[(name,)].params}
+    from bertforge.runconfig import EmbedConfig
+
+    for name, cls in ((("pretrain",), PretrainConfig), (("finetune", "classify"), FinetuneConfig),
+                      (("finetune", "embed"), EmbedConfig)):
+        shown = {p.name: p.default for p in paths[name].params}
         for f in cli_fields(cls):
             assert f.name in shown, (name, f.name)
             if f.default is not MISSING:
@@ -62,7 +66,8 @@ def test_same_flag_same_meaning():
                  for c in paths.values() for p in c.params if p.name == flag}
         assert len(kinds) <= 2, (flag, kinds)  # e.g. int and None (an optional int)
     for flag in ("eval_every", "resume", "seq_len", "seed", "overwrite"):
-        assert all(any(p.name == flag for p in paths[(c,)].params) for c in ("pretrain", "finetune")), flag
+        assert all(any(p.name == flag for p in paths[c].params)
+                   for c in (("pretrain",), ("finetune", "classify"), ("finetune", "embed"))), flag
 
 
 def test_console_script_is_installed():

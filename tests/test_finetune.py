@@ -233,7 +233,7 @@ def test_every_training_example_is_seen_each_epoch():
 
 def test_every_task_name_has_a_module():
     """The CLI's task names (runconfig, torch-free) and the task table (tasks/) list the same tasks."""
-    from bertforge.runconfig import TASKS as NAMES
+    from bertforge.runconfig import FINETUNE_TASKS as NAMES
     from bertforge.tasks import TASKS
 
     assert set(NAMES) == set(TASKS)

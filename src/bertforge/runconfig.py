@@ -322,7 +322,8 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
             raise ConfigError(f"{flag('eval_batches')} must be at least 1")
 
 
-TASKS = ("classify", "regress", "ner", "qa")
+TASKS = ("classify", "regress", "ner", "qa")  # the labelled-data tasks: finetune, distill and evaluate
+FINETUNE_TASKS = (*TASKS, "embed")
 # Pretraining objectives: masked-LM alone, with a sentence-pair head (BERT's next sentence, ALBERT's order), or
 # ELECTRA's replaced-token detection (a generator and a discriminator).
 OBJECTIVES = ("mlm+nsp", "mlm+sop", "rtd", "mlm")
@@ -361,8 +362,8 @@ class FinetuneConfig(TrainConfig):
         if self.seq_len is None:
             self.seq_len = 384 if self.task == "qa" else 128  # SQuAD's usual window
         super().__post_init__()
-        if self.task not in TASKS:
-            raise ConfigError(f"unknown task {self.task!r}; use one of {', '.join(TASKS)}")
+        if self.task not in FINETUNE_TASKS:
+            raise ConfigError(f"unknown task {self.task!r}; use one of {', '.join(FINETUNE_TASKS)}")
         if self.backend == "jax" and self.task != "classify":  # JAX has the sequence-classification head only
             raise ConfigError(f"{flag('backend')} jax fine-tunes classify only, not {self.task}")
         for name in self.required:
@@ -414,6 +415,50 @@ class DistillConfig(FinetuneConfig):
                               "teacher outputs row by row")
         if self.backend == "jax":
             raise ConfigError(f"{flag('backend')} jax does not distill; use torch")
+
+
+@dataclass
+class EmbedConfig(FinetuneConfig):
+    """Everything `bertforge finetune embed` takes: fine-tuning's loop and model, a bi-encoder's data and loss."""
+
+    task: str = setting("embed", "embed", cli=False)
+    train: str = setting("", "training rows: .jsonl/.tsv/.csv by column shape ((anchor, positive[, negatives...]) or "
+                             "(text1, text2, score)), a BEIR folder, or hf:NAME:SPLIT")
+    dev: str = setting("", "evaluation: a BEIR folder (its --dev-split qrels) or a (query, passage) pair file")
+    train_split: str = setting("train", "the qrels split a BEIR folder trains on")
+    dev_split: str = setting("dev", "the qrels split a BEIR folder evaluates on")
+    loss: str | None = setting(None, "MultipleNegativesRankingLoss (in-batch negatives; the default for rows), "
+                                     "MultipleNegativesSymmetricRankingLoss, CoSENTLoss (the default for scored pairs) "
+                                     "or CosineSimilarityLoss")
+    scale: float | None = setting(None, "the similarity's scale in the loss (default: the loss's own, 20)")
+    similarity: str = setting("cosine", "similarity function: cosine or dot (saved as the model's similarity_fn_name)")
+    pooling: str | None = setting(None, "pooling of a checkpoint without one: mean (default), cls, max, ...; replaces a "
+                                        "sentence-transformers directory's")
+    normalize: bool = setting(False, "add a Normalize module (a sentence-transformers directory keeps its own)")
+    query_prompt: str = setting("", "put before every query (a row's first text), saved as the prompt named 'query'")
+    document_prompt: str = setting("", "put before every other text, saved as the prompt named 'document'")
+    lr: float = setting(2e-5, "peak learning rate")
+    epochs: float | None = setting(1.0, "stop after this many passes over the data")
+    out: str = setting("bertforge-embed", "output directory")
+
+    def __post_init__(self) -> None:
+        given = self.seq_len is not None
+        if not given:
+            self.seq_len = 256  # sentence-transformers' max_seq_length of MiniLM-style models
+        super().__post_init__()
+        self.seq_len_given = given
+        for name in ("text_column", "pair_column", "label_column"):
+            if getattr(self, name) is not None:
+                raise ConfigError(f"{flag(name)}: embed reads its columns by shape (anchor, positive, negatives...; a "
+                                  "'label' or 'score' column makes scored pairs)")
+        if self.similarity not in ("cosine", "dot"):
+            raise ConfigError(f"{flag('similarity')} must be cosine or dot, not {self.similarity!r}")
+        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
+            raise ConfigError(f"{flag('scale')} must be a positive number")
+        if self.pack:
+            raise ConfigError(f"{flag('pack')}: embed already unpads every text; packing is not supported")
+        if self.backend == "jax":
+            raise ConfigError(f"{flag('backend')} jax fine-tunes classify only, not embed")
 
 
 @dataclass

@@ -20,7 +20,7 @@ from ..errors import BertforgeError
 from ..heartbeat import phase
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
-from ..runconfig import TASKS, DistillConfig, DistillMLMConfig, FinetuneConfig, PretrainConfig
+from ..runconfig import DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig
 from .build import command, settings_from
 
 app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -38,6 +38,13 @@ app.add_typer(score_app, name="score", help="score prediction files with the off
 kernels_app = typer.Typer(rich_markup_mode=None, invoke_without_command=True,
                           help="The native CPU kernels: what the cache holds (the default), or build them now.")
 app.add_typer(kernels_app, name="kernels", help="the native CPU kernels: their cache's state, or build them now")
+finetune_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                           help="Fine-tune a checkpoint for a task: classify, regress, ner, qa, or embed (retrieval).")
+app.add_typer(finetune_app, name="finetune", help="fine-tune a checkpoint (classify, regress, ner, qa, embed)")
+evaluate_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                           help="Score a model: classify, regress, ner, qa on labelled files; retrieval on a BEIR folder.")
+app.add_typer(evaluate_app, name="evaluate", help="score a model on labelled data (classify, regress, ner, qa, "
+                                                  "retrieval)")
 app.add_typer(distill_app, name="distill", help="distil a model into a smaller student (classify, regress, ner, qa, mlm)")
 
 
@@ -199,24 +206,48 @@ def pretrain(corpus: list[str], *, config: str | None = None, json: bool = False
     run_pretrain(cfg, as_json=json)
 
 
-@command(app, "finetune", settings=FinetuneConfig)
-def finetune(task: Literal[TASKS], *, config: str | None = None, json: bool = False,
-             ctx: typer.Context | None = None, **settings: Any) -> None:
-    """Fine-tune for classification, regression, NER or question answering.
-
-    Fine-tunes a checkpoint (or a preset with --tokenizer), evaluating every epoch (or every
-    --eval-every steps) and keeping the best model by the task's main metric (accuracy, Pearson,
-    entity F1, SQuAD F1). The result is a Hugging Face model directory. A run writes
-    OUT/run_config.json, which --config reads back.
+_FINETUNE_ARGS = """
 
     Args:
-        task: the task
         config: a JSON or YAML file of these settings (flags given here override it)
         json: print the final summary as one JSON object
     """
-    from ..training.finetune import run_finetune
+_FINETUNE_HELP = {
+    "classify": "Fine-tune a sequence classifier (accuracy selects the model).",
+    "regress": "Fine-tune a regressor of one score per text or pair (Pearson selects the model).",
+    "ner": "Fine-tune a token classifier for named entities (entity F1 selects the model).",
+    "qa": "Fine-tune extractive question answering on SQuAD-format data (F1 selects the model).",
+    "embed": """Fine-tune an embedder (a bi-encoder) for retrieval or similarity.
 
-    run_finetune(settings_from(FinetuneConfig, settings, config, ctx, task=task), as_json=json)
+    From any family checkpoint (a Pooling module is added) or a sentence-transformers directory
+    (its modules kept). Rows are read by column shape: (anchor, positive[, negatives...]) train
+    with in-batch negatives, (text1, text2, score) with CoSENT; no batch holds one text twice.
+    Retrieval on the --dev BEIR folder (nDCG@10) selects the model, written as a
+    sentence-transformers directory with its prompts.""",
+}
+_FINETUNE_COMMON = """
+
+    Each run evaluates every epoch (or every --eval-every steps), keeps the best model, and writes
+    a Hugging Face model directory and OUT/run_config.json, which --config reads back."""
+
+
+def _finetune_command(task: str) -> None:
+    """`bertforge finetune TASK`: one subcommand per task, each its config class's flags with its task set."""
+    settings_class = EmbedConfig if task == "embed" else FinetuneConfig
+
+    def finetune(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
+                 **settings: Any) -> None:
+        from ..training.finetune import run_finetune
+
+        run_finetune(settings_from(settings_class, settings, config, ctx, task=task), as_json=json)
+
+    finetune.__name__ = finetune.__qualname__ = f"finetune_{task}"
+    finetune.__doc__ = _FINETUNE_HELP[task] + _FINETUNE_COMMON + _FINETUNE_ARGS
+    command(finetune_app, task, settings=settings_class)(finetune)
+
+
+for _task in _FINETUNE_HELP:
+    _finetune_command(_task)
 
 
 _DISTILL_ARGS = """
@@ -280,15 +311,29 @@ def distill_mlm(corpus: list[str], *, config: str | None = None, json: bool = Fa
                  as_json=json)
 
 
-@command(app, "evaluate")
-def evaluate(task: Literal[TASKS], *, model: str, data: str, predictions: str | None = None,
-             seq_len: int | None = None, batch_size: int = 32, text_column: str | None = None,
-             pair_column: str | None = None, label_column: str | None = None, overwrite: bool = False,
-             json: bool = False) -> None:
-    """Score a fine-tuned model on a labelled file.
+_EVALUATE_HELP = {"classify": "Score a fine-tuned classifier on a labelled file (accuracy, F1, MCC).",
+                  "regress": "Score a fine-tuned regressor on a labelled file (Pearson, Spearman).",
+                  "ner": "Score a fine-tuned NER model on a CoNLL or JSONL file (entity F1, conlleval's rules).",
+                  "qa": "Score a fine-tuned question-answering model on a SQuAD-format file (EM, F1)."}
+
+
+def _evaluate_command(task: str) -> None:
+    def evaluate(*, model: str, data: str, predictions: str | None = None, seq_len: int | None = None,
+                 batch_size: int = 32, text_column: str | None = None, pair_column: str | None = None,
+                 label_column: str | None = None, overwrite: bool = False, json: bool = False) -> None:
+        from ..data.classification import Columns
+        from ..training.finetune import run_evaluate
+
+        if predictions and Path(predictions).exists() and not overwrite:
+            raise BertforgeError(f"{predictions}: exists; pass --overwrite to replace it")
+        metrics = run_evaluate(task, model, data, seq_len=seq_len, batch_size=batch_size,
+                               columns=Columns(text_column, pair_column, label_column), predictions=predictions)
+        show(metrics, json, f"{task} on {data}")
+
+    evaluate.__name__ = evaluate.__qualname__ = f"evaluate_{task}"
+    evaluate.__doc__ = _EVALUATE_HELP[task] + """
 
     Args:
-        task: the task
         model: fine-tuned checkpoint directory
         data: labelled file in the task's format
         predictions: also write one JSON prediction per example to this file
@@ -300,14 +345,71 @@ def evaluate(task: Literal[TASKS], *, model: str, data: str, predictions: str | 
         overwrite: replace an existing --predictions file
         json: print the metrics as one JSON object
     """
-    from ..data.classification import Columns
-    from ..training.finetune import run_evaluate
+    command(evaluate_app, task)(evaluate)
 
-    if predictions and Path(predictions).exists() and not overwrite:
-        raise BertforgeError(f"{predictions}: exists; pass --overwrite to replace it")
-    metrics = run_evaluate(task, model, data, seq_len=seq_len, batch_size=batch_size,
-                           columns=Columns(text_column, pair_column, label_column), predictions=predictions)
-    show(metrics, json, f"{task} on {data}")
+
+for _task in _EVALUATE_HELP:
+    _evaluate_command(_task)
+
+
+@command(evaluate_app, "retrieval")
+def evaluate_retrieval(*, model: str, data: str, split: str = "test", top_k: int = 100, batch_size: int = 64,
+                       seq_len: int | None = None, query_prompt: str | None = None,
+                       document_prompt: str | None = None, measures: str | None = None, run: str | None = None,
+                       overwrite: bool = False, json: bool = False) -> None:
+    """Search a corpus with an embedder and score the ranking as trec_eval does.
+
+    Embeds every document of --data (a BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv; or
+    a file of (query, passage) pairs) and every judged query, retrieves each query's --top-k by
+    exact search with the model's similarity function, and reports nDCG@10, MRR@10, MAP@100,
+    Recall@1/10/100 and P@10 as trec_eval computes them. The model's prompts named for queries and
+    documents (query/document, passage, search_query/search_document...) are applied.
+
+    Args:
+        model: a sentence-transformers directory, or any family checkpoint (mean pooling)
+        data: a BEIR folder or a (query, passage) pair file (.jsonl, .tsv, .csv)
+        split: the qrels split of a BEIR folder
+        top_k: documents retrieved per query
+        batch_size: texts per forward pass
+        seq_len: maximum tokens per text (default: the model's max_seq_length)
+        query_prompt: put before every query (default: the model's query prompt, if it has one)
+        document_prompt: put before every document (default: the model's document prompt, if any)
+        measures: comma-separated, e.g. ndcg@10,recall@100 (default: the list above)
+        run: also write the ranking as a TREC run file here
+        overwrite: replace an existing --run file
+        json: print the metrics as one JSON object
+    """
+    from ..retrieval.evaluate import run_retrieval_evaluation
+
+    if run and Path(run).exists() and not overwrite:
+        raise BertforgeError(f"{run}: exists; pass --overwrite to replace it")
+    metrics = run_retrieval_evaluation(model, data, split=split, top_k=top_k, batch_size=batch_size, seq_len=seq_len,
+                                       query_prompt=query_prompt, document_prompt=document_prompt,
+                                       measures=measures, run_file=run)
+    show(metrics, json, f"retrieval on {data}")
+
+
+@command(app, "squad-retrieval")
+def squad_retrieval(squad: str, *, out: str, seed: int = 0, overwrite: bool = False, json: bool = False) -> None:
+    """Build a passage-retrieval set (BEIR layout) from a SQuAD file: each question retrieves its paragraph.
+
+    The articles are dealt into train / dev / test (32 / 4 / 12 of SQuAD v1.1 dev's 48) by a seeded
+    shuffle, so no paragraph is relevant in two splits; the corpus is every paragraph. OUT gets
+    corpus.jsonl, queries.jsonl and qrels/{train,dev,test}.tsv, for `finetune embed` and
+    `evaluate retrieval`.
+
+    Args:
+        squad: a SQuAD v1.1-format JSON file (e.g. dev-v1.1.json)
+        out: the folder to write
+        seed: seed of the article shuffle
+        overwrite: replace the files of an existing set in OUT
+        json: print the split sizes as one JSON object
+    """
+    from ..retrieval.squad import squad_retrieval as build
+
+    if (Path(out) / "corpus.jsonl").exists() and not overwrite:
+        raise BertforgeError(f"{out}: holds a retrieval set; pass --overwrite to replace it")
+    show(build(squad, out, seed=seed), json, f"retrieval set written to {out}/")
 
 
 @command(app, "predict")

@@ -30,8 +30,10 @@ def corrupt(path: str | Path, lines_read: int, exc: BaseException) -> str:
             "download or compress it again")
 
 
-def jsonl_records(path: str | Path, lines: Iterable[tuple[int, str]], text_key: str) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for the non-blank lines of a JSONL file; each must hold a string `text_key`."""
+def jsonl_records(path: str | Path, lines: Iterable[tuple[int, str]],
+                  text_key: str | None) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for the non-blank lines of a JSONL file; each must hold a string `text_key` (or, with
+    None, be a JSON object)."""
     for number, line in lines:
         if not line.strip():
             continue
@@ -39,6 +41,9 @@ def jsonl_records(path: str | Path, lines: Iterable[tuple[int, str]], text_key: 
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+        if not isinstance(record, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object" + (f" with a string field '{text_key}'"
+                                                                            if text_key else " of columns"))
+        if text_key is not None and not isinstance(record.get(text_key), str):
             raise InputError(f"{path}:{number}: no string field '{text_key}'")
         yield number, record

@@ -18,47 +18,27 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..models.pooling import POOLING_MODES, SIMILARITIES, pool, similarity  # noqa: F401  (re-exported)
 
-# sentence-transformers' pooling modes, in the order its legacy `pooling_mode_*` flags concatenate them.
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+# The older Pooling config: one boolean per mode, concatenated in POOLING_MODES order.
 _LEGACY_FLAGS = {f"pooling_mode_{name}": mode for name, mode in (
     ("cls_token", "cls"), ("max_tokens", "max"), ("mean_tokens", "mean"),
     ("mean_sqrt_len_tokens", "mean_sqrt_len_tokens"), ("weightedmean_tokens", "weightedmean"),
     ("lasttoken", "lasttoken"))}
-SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.Tensor:
-    """Token vectors float [B, T, H] and attention mask [B, T] (1 = real token, right-padded)
-    -> float [B, len(modes) * H]: each mode's sentence vector, concatenated in the given order.
+# The prompt names each side of retrieval goes by (sentence-transformers models use "query" with "document",
+# "passage" or "corpus"), and the request kinds (Jina's tasks, Voyage's and Cohere's input types) of each side.
+PROMPT_SIDES = {"query": ("query", "search_query", "retrieval.query", "queries"),
+                "document": ("document", "passage", "corpus", "search_document", "retrieval.passage", "documents")}
+SIDE_OF_KIND = {"query": "query", "search_query": "query", "retrieval.query": "query", "code.query": "query",
+                "document": "document", "search_document": "document", "retrieval.passage": "document",
+                "code.passage": "document"}
 
-    cls: the first token; max: the largest value of each dimension over real tokens; mean: their
-    average; mean_sqrt_len_tokens: their sum over sqrt(count); weightedmean: the average weighted
-    by position 1..T; lasttoken: the last real token.
-    """
-    m = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
-    count = m.sum(1).clamp(min=1e-9)  # (B, 1)
-    out = []
-    for mode in modes:
-        if mode == "cls":
-            out.append(hidden[:, 0])
-        elif mode == "max":
-            out.append(hidden.masked_fill(m == 0, float("-inf")).max(1).values)
-        elif mode == "mean":
-            out.append((hidden * m).sum(1) / count)
-        elif mode == "mean_sqrt_len_tokens":
-            out.append((hidden * m).sum(1) / count.sqrt())
-        elif mode == "weightedmean":
-            w = m * torch.arange(1, hidden.shape[1] + 1, dtype=hidden.dtype, device=hidden.device).view(1, -1, 1)
-            out.append((hidden * w).sum(1) / w.sum(1).clamp(min=1e-9))
-        elif mode == "lasttoken":
-            last = (mask.sum(1).long() - 1).clamp(min=0)  # (B,) right padding: the last real token
-            out.append(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
-        elif mode == "pooler":
-            raise ValueError("the pooler is not a token pooling mode; use the backbone's pooler_output")
-        else:
-            raise ValueError(f"unknown pooling mode {mode!r}")
-    return torch.cat(out, dim=-1)
+
+def side_prompt(prompts: dict[str, str], side: str) -> str | None:
+    """The model's prompt for one side of retrieval ("query" or "document"), by the names that side goes by."""
+    return next((prompts[name] for name in PROMPT_SIDES[side] if name in prompts), None)
 
 
 @dataclass
@@ -70,6 +50,10 @@ class DenseLayer:
     activation: torch.nn.Module
     residual: torch.Tensor | None = None  # [out, in] when use_residual and the sizes differ
     use_residual: bool = False
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """float [B, in] -> float [B, out]."""
@@ -271,15 +255,95 @@ def sentence_pipeline(model_dir: str | Path, hidden_size: int, pooling: str | No
     return sentence
 
 
-def similarity(a: torch.Tensor, b: torch.Tensor, kind: str = "cosine") -> torch.Tensor:
-    """Scores float [N, M] between rows of a [N, D] and b [M, D], as sentence-transformers' similarity
-    functions: cosine, dot product, or the negative euclidean / manhattan distance (higher is closer)."""
-    if kind == "cosine":
-        return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
-    if kind == "dot":
-        return a @ b.T
-    if kind == "euclidean":
-        return -torch.cdist(a, b, p=2)
-    if kind == "manhattan":
-        return -torch.cdist(a, b, p=1)
-    raise ValueError(f"unknown similarity {kind!r}")
+# ----------------------------------------------------------------------------- a trainable encoder, and its directory
+# Module type names as sentence-transformers writes them in modules.json (older names are read above by their last part).
+_MODULE_TYPES = {"Transformer": "sentence_transformers.models.Transformer",
+                 "Pooling": "sentence_transformers.models.Pooling",
+                 "Dense": "sentence_transformers.models.Dense",
+                 "Normalize": "sentence_transformers.models.Normalize"}
+
+
+def load_sentence_encoder(model_dir: str | Path, pooling: str | None = None, normalize: bool | None = None):
+    """A trainable `SentenceEncoder` from a sentence-transformers directory (its Pooling, Dense and Normalize kept)
+    or from any family checkpoint (a new Pooling: `pooling`, mean by default, as sentence-transformers adds one).
+    `pooling` given for a sentence-transformers directory replaces its modes; `normalize` forces normalisation on
+    or off."""
+    from ..models.sentence_encoder import Dense, SentenceEncoder
+    from .hf import family_of, load_pretrained
+
+    backbone = load_pretrained(family_of(model_dir).backbone, model_dir)
+    sentence = read_sentence_dir(model_dir, backbone.config.hidden_size)
+    if sentence is None:
+        return SentenceEncoder(backbone, (pooling or "mean",), normalize=bool(normalize))
+    dense = []
+    for kind, layer in sentence.steps:
+        if kind == "dense":
+            if layer.use_residual:
+                raise ConfigError(f"{model_dir}: a Dense module with use_residual is read for inference only; "
+                                  "training through it is not implemented")
+            module = Dense(layer.weight.shape[1], layer.weight.shape[0], layer.bias is not None, layer.activation)
+            with torch.no_grad():
+                module.linear.weight.copy_(layer.weight)
+                if layer.bias is not None:
+                    module.linear.bias.copy_(layer.bias)
+            dense.append(module)
+    modes = (pooling,) if pooling else sentence.pooling
+    if modes == ("pooler",):
+        raise ConfigError("--pooling pooler: the backbone's pooler is not a sentence-transformers pooling mode")
+    return SentenceEncoder(backbone, modes, dense, sentence.normalize if normalize is None else normalize)
+
+
+def save_sentence_dir(encoder, out: str | Path, tokenizer, max_seq_length: int, prompts: dict[str, str] | None = None,
+                      similarity_fn: str = "cosine", default_prompt_name: str | None = None) -> None:
+    """Write `encoder` (a `SentenceEncoder`) as a sentence-transformers directory that `SentenceTransformer(out)`
+    loads and encodes to the same vectors: the backbone's Hugging Face files at the top, then modules.json,
+    sentence_bert_config.json, config_sentence_transformers.json and one folder per module."""
+    from safetensors.torch import save_file
+
+    from ..safefiles import atomic_write
+    from .hf import save_pretrained
+
+    out = Path(out)
+    save_pretrained(encoder.backbone, out, tokenizer=tokenizer)
+    modules = [("Transformer", ""), ("Pooling", "1_Pooling")]
+    pooling_dir = out / "1_Pooling"
+    pooling_dir.mkdir(parents=True, exist_ok=True)
+    mode: Any = encoder.pooling[0] if len(encoder.pooling) == 1 else list(encoder.pooling)
+    _write_json(pooling_dir / "config.json", {"embedding_dimension": encoder.config.hidden_size, "pooling_mode": mode,
+                                              "include_prompt": True})
+    for layer in encoder.dense:
+        folder = f"{len(modules)}_Dense"
+        (out / folder).mkdir(exist_ok=True)
+        act = type(layer.activation)
+        _write_json(out / folder / "config.json", {
+            "in_features": layer.linear.in_features, "out_features": layer.linear.out_features,
+            "bias": layer.linear.bias is not None, "activation_function": f"torch.nn.modules.activation.{act.__name__}"
+            if act.__module__.startswith("torch.nn") else act.__name__})
+        tensors = {k: v.detach().contiguous().cpu() for k, v in layer.linear.state_dict().items()}
+        tensors = {f"linear.{k}": v for k, v in tensors.items()}
+        atomic_write(out / folder / "model.safetensors", lambda tmp, t=tensors: save_file(t, tmp, metadata={"format": "pt"}))
+        modules.append(("Dense", folder))
+    if encoder.normalize:
+        folder = f"{len(modules)}_Normalize"
+        (out / folder).mkdir(exist_ok=True)
+        modules.append(("Normalize", folder))
+    _write_json(out / "modules.json", [{"idx": i, "name": str(i), "path": path, "type": _MODULE_TYPES[kind]}
+                                       for i, (kind, path) in enumerate(modules)])
+    _write_json(out / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    if default_prompt_name is not None and default_prompt_name not in (prompts or {}):
+        raise ConfigError(f"default prompt {default_prompt_name!r} is not one of the prompts")
+    _write_json(out / "config_sentence_transformers.json", {
+        "model_type": "SentenceTransformer", "prompts": prompts or {}, "default_prompt_name": default_prompt_name,
+        "similarity_fn_name": similarity_fn, "__version__": {"bertforge": _version()}})
+
+
+def _write_json(path: Path, value: Any) -> None:
+    from ..safefiles import atomic_write
+
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8"))
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

@@ -10,7 +10,7 @@ Adding a task means adding a module here and one line in `TASKS` (and its name i
 from __future__ import annotations
 
 from ..data.batching import collate
-from . import classification, question_answering, token_classification
+from . import classification, embedding, question_answering, token_classification
 from .base import FeatureTask, new_model
 from .classification import ClassificationTask
 from .question_answering import QuestionAnsweringTask
@@ -21,6 +21,7 @@ TASKS = {
     "regress": classification.build,
     "ner": token_classification.build,
     "qa": question_answering.build,
+    "embed": embedding.build,
 }
 
 __all__ = ["TASKS", "FeatureTask", "ClassificationTask", "TokenClassificationTask", "QuestionAnsweringTask",

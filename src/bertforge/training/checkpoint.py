@@ -117,7 +117,12 @@ def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], traine
 def torch_files(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Path], None]:
     """The torch loop's checkpoint files: the model (HF layout) and `training_state.pt`."""
     def write(folder: Path) -> None:
-        model.save_pretrained(folder)
+        parts = model.checkpoint_parts() if hasattr(model, "checkpoint_parts") else {"": model}
+        for sub, part in parts.items():
+            part.save_pretrained(folder / sub)
+        if hasattr(model, "extra_state"):  # weights outside the parts (a sentence encoder's Dense layers)
+            save_file({k: v.detach().contiguous().cpu() for k, v in model.extra_state().items()},
+                      folder / "extra.safetensors")
         tensors = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
         if torch.cuda.is_available():
             tensors["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -167,6 +172,11 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         report = from_hf_state_dict(part, read_weights(path / sub / "model.safetensors"), source=str(path / sub))
         if report.missing_keys:
             raise CheckpointError(f"{path / sub}: checkpoint lacks {', '.join(report.missing_keys[:3])}")
+    if hasattr(model, "extra_state"):
+        try:
+            model.load_extra_state(load_file(path / "extra.safetensors"))
+        except (OSError, SafetensorError, RuntimeError) as exc:
+            raise CheckpointError(f"{path / 'extra.safetensors'}: cannot read ({exc})") from None
     optimizer.load_state_dict(tensors["optimizer"])
     torch.set_rng_state(tensors["torch_rng"])
     if "cuda_rng" in tensors and torch.cuda.is_available():

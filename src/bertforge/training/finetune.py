@@ -102,7 +102,10 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
     trainer = make_trainer(model, task, train_cfg, run_info, cfg.seq_len, tokenizer.pad_token_id)
     summary = trainer.fit(resume=cfg.resume and (out / "checkpoints").is_dir())
     trainer.restore_best()  # export the selected model, not the last one
-    save_pretrained(model, out, tokenizer=tokenizer)
+    if hasattr(task, "save"):  # a task with its own directory layout (an embedder's sentence-transformers modules)
+        task.save(model, out, tokenizer)
+    else:
+        save_pretrained(model, out, tokenizer=tokenizer)
     # The loop's checkpoints (model + optimizer state) served the run; the export above is the result.
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     from ..viz import plot_curves

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ...interop.sentence_dir import PROMPT_SIDES, SIDE_OF_KIND
 from ..errors import Refused, documented
 from ..schemas import request_models
 from ..service import Service
@@ -120,15 +121,6 @@ class Api:
         if name is not None and name != self.service.name:
             raise Refused(404, f"model '{name}' is not served here; this server serves '{self.service.name}'",
                           param="model", code="model_not_found")
-
-
-# The prompt names each side of retrieval goes by (sentence-transformers models use "query" with "document",
-# "passage" or "corpus"), and the request kinds (Jina's tasks, Voyage's and Cohere's input types) of each side.
-PROMPT_SIDES = {"query": ("query", "search_query", "retrieval.query", "queries"),
-                "document": ("document", "passage", "corpus", "search_document", "retrieval.passage", "documents")}
-SIDE_OF_KIND = {"query": "query", "search_query": "query", "retrieval.query": "query", "code.query": "query",
-                "document": "document", "search_document": "document", "retrieval.passage": "document",
-                "code.passage": "document"}
 
 
 def side_of(direction: str) -> str:

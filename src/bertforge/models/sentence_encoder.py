@@ -1,0 +1,77 @@
+"""A bi-encoder: any family backbone, then pooling, optional Dense layers and normalisation.
+
+This is sentence-transformers' `SentenceTransformer` module stack (Transformer, Pooling, Dense,
+Normalize) as one trainable torch module. It knows no file format: `interop/sentence_dir.py` reads
+and writes the directories, `tasks/embedding.py` trains it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .pooling import POOLING_MODES, pool
+
+
+class Dense(nn.Module):
+    """sentence-transformers' Dense module: activation(x W^T + b), float [B, in] -> [B, out]."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 activation: nn.Module | None = None) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.activation = activation if activation is not None else nn.Tanh()  # sentence-transformers' default
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(x))
+
+
+class SentenceEncoder(nn.Module):
+    """Texts' token ids -> one vector per text.
+
+    backbone: a family's bare encoder (`BertModel`, `ModernBertModel`, ...).
+    pooling: sentence-transformers pooling modes, concatenated in this order.
+    dense: Dense layers applied after pooling, in order.
+    normalize: L2-normalise the result (a Normalize module).
+    """
+
+    def __init__(self, backbone: nn.Module, pooling: tuple[str, ...] = ("mean",), dense: list[Dense] | None = None,
+                 normalize: bool = False) -> None:
+        super().__init__()
+        bad = [m for m in pooling if m not in POOLING_MODES]
+        if not pooling or bad:
+            raise ValueError(f"unknown pooling {bad or pooling}; use {', '.join(POOLING_MODES)}")
+        self.backbone = backbone
+        self.config = backbone.config
+        self.pooling = tuple(pooling)
+        self.dense = nn.ModuleList(dense or [])
+        self.normalize = normalize
+
+    @property
+    def dimension(self) -> int:
+        """The length of the vectors it gives."""
+        if len(self.dense):
+            return self.dense[-1].linear.out_features
+        return len(self.pooling) * self.config.hidden_size
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, attention_mask (and token_type_ids): long [B, T], right-padded -> float [B, D]."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=token_type_ids).last_hidden_state
+        x = pool(hidden.float(), attention_mask, self.pooling)
+        for layer in self.dense:
+            x = layer(x)
+        return F.normalize(x, p=2, dim=-1) if self.normalize else x
+
+    # A training checkpoint holds the backbone as a Hugging Face model and the rest as extra state (`checkpoint.py`).
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        return {"": self.backbone}
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """The weights after the backbone (Dense layers), by their names in this module."""
+        return {f"dense.{k}": v for k, v in self.dense.state_dict().items()}
+
+    def load_extra_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.dense.load_state_dict({k[len("dense."):]: v for k, v in tensors.items()}, strict=True)

@@ -1,0 +1,195 @@
+"""Bi-encoder training: (anchor, positive[, negatives]) rows or scored pairs -> a sentence-transformers model.
+
+Every text of a row is embedded by the one `SentenceEncoder` in a single forward (all columns of the
+batch, padded once and unpadded inside the model: short queries cost what they are, not a passage's
+length), then the loss (`embedding_losses.py`) compares the columns. Batches never hold two copies of
+one text: with in-batch negatives a duplicate would be scored as its own negative. Evaluation is
+retrieval on a BEIR folder (or pairs), nDCG@10 selecting the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..data.batching import collate
+from ..data.retrieval import TupleData, read_tuples
+from ..errors import InputError
+from ..inference.loop import device_of, run_sorted
+from ..models.sentence_encoder import SentenceEncoder
+from ..retrieval.beir import RetrievalSet
+from ..retrieval.evaluate import read_retrieval_set
+from ..retrieval.metrics import evaluate_run
+from ..retrieval.search import as_run, dense_top_k
+from ..tokenization.tokenizer import Tokenizer
+from .embedding_losses import ALIASES, LOSSES
+
+
+@dataclass
+class Prompts:
+    """What is put before queries (a row's first column) and documents (every other column)."""
+
+    query: str = ""
+    document: str = ""
+
+    def named(self) -> dict[str, str]:
+        """sentence-transformers' `prompts` of a directory: the names `encode(prompt_name=...)` takes."""
+        return {name: text for name, text in (("query", self.query), ("document", self.document)) if text}
+
+
+def loss_name(name: str, data: TupleData) -> str:
+    """The sentence-transformers class name of `--loss` (a short alias is accepted), checked against the data's
+    shape; None picks in-batch negatives for pairs and tuples, CoSENT for scored pairs."""
+    if name is None:
+        return "CoSENTLoss" if data.scores is not None else "MultipleNegativesRankingLoss"
+    full = ALIASES.get(name, name)
+    if full not in LOSSES:
+        raise InputError(f"--loss {name}: use one of {', '.join(LOSSES)} (or {', '.join(ALIASES)})")
+    needs_scores = LOSSES[full][1]
+    if needs_scores and data.scores is None:
+        raise InputError(f"--loss {full} trains on scored pairs (text1, text2, score); {data.source} holds {data.shape}")
+    if not needs_scores and data.scores is not None:
+        raise InputError(f"--loss {full} trains on (anchor, positive[, negatives]) rows; {data.source} holds scored "
+                         "pairs: use CoSENTLoss or CosineSimilarityLoss")
+    return full
+
+
+def unique_batches(rows: list[tuple[str, ...]], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The epoch's batches of row indices: shuffled by (seed, epoch), and no text twice in a batch (a row whose
+    texts are already in the batch waits for a later one, as sentence-transformers' NoDuplicatesBatchSampler)."""
+    remaining = list(np.random.default_rng([seed, 29, epoch]).permutation(len(rows)))
+    batches = []
+    while remaining:
+        batch, seen, later = [], set(), []
+        for i in remaining:
+            texts = set(rows[i])
+            if len(batch) < batch_size and not texts & seen:
+                batch.append(int(i))
+                seen |= texts
+            else:
+                later.append(i)
+        batches.append(batch)  # never empty: a row's own texts are distinct (EmbeddingTask checks)
+        remaining = later
+    return batches
+
+
+class EmbeddingTask:
+    """The Trainer's task for a `SentenceEncoder` (see `trainer.Task`)."""
+
+    main_metric = "ndcg@10"
+    greater_is_better = True
+
+    def __init__(self, data: TupleData, dev: RetrievalSet, tokenizer: Tokenizer, seq_len: int, batch_size: int,
+                 seed: int, loss: str, scale: float | None, similarity: str, prompts: Prompts,
+                 eval_batch_size: int = 64) -> None:
+        self.data, self.dev, self.tokenizer = data, dev, tokenizer
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.loss_name = loss
+        self.loss_fn, _, default_scale = LOSSES[loss]
+        self.scale = default_scale if scale is None else scale
+        self.similarity, self.prompts, self.eval_batch_size = similarity, prompts, eval_batch_size
+        for line, row in zip(data.lines, data.rows):
+            if len(set(row)) != len(row):
+                raise InputError(f"{data.source}:{line}: one text in two columns (a positive equal to its anchor or "
+                                 "a negative): it would be trained as both")
+        # Every distinct (text, side) is tokenised once: a passage that is the positive of ten queries is one feature.
+        self._ids: dict[tuple[str, bool], list[int]] = {}
+        queries = {r[0] for r in data.rows}
+        documents = {t for r in data.rows for t in r[1:]}
+        self._encode(sorted(queries), True)
+        self._encode(sorted(documents), False)
+        self._epoch_batches: tuple[int, list[list[int]]] | None = None
+
+    def _encode(self, texts: list[str], query: bool) -> None:
+        prompt = self.prompts.query if query else self.prompts.document
+        if not texts:
+            return
+        enc = self.tokenizer([prompt + t for t in texts], truncation=True, max_length=self.seq_len)
+        for text, ids in zip(texts, enc["input_ids"]):
+            self._ids[(text, query)] = ids
+
+    def features(self, texts: list[str], query: bool) -> list[dict]:
+        missing = [t for t in dict.fromkeys(texts) if (t, query) not in self._ids]
+        self._encode(missing, query)
+        return [{"input_ids": self._ids[(t, query)], "token_type_ids": [0] * len(self._ids[(t, query)])} for t in texts]
+
+    def _batches(self, epoch: int) -> list[list[int]]:
+        if self._epoch_batches is None or self._epoch_batches[0] != epoch:
+            self._epoch_batches = (epoch, unique_batches(self.data.rows, self.batch_size, self.seed, epoch))
+        return self._epoch_batches[1]
+
+    def micro_batches_per_epoch(self, epoch: int) -> int:
+        return len(self._batches(epoch))
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+        """Every text of the batch's rows, column by column (anchors, then positives, ...): one padded [C*B, T]
+        batch; `scores` float [B] for scored pairs."""
+        rows = [self.data.rows[i] for i in self._batches(epoch)[index]]
+        features = []
+        for c in range(len(self.data.columns)):
+            features += self.features([r[c] for r in rows], query=c == 0)
+        batch = collate(features, self.tokenizer.pad_token_id)
+        if self.data.scores is not None:
+            batch["scores"] = torch.tensor([self.data.scores[i] for i in self._batches(epoch)[index]],
+                                           dtype=torch.float32)
+        return batch
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        vectors = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        token_type_ids=batch["token_type_ids"])
+        columns = list(vectors.float().chunk(len(self.data.columns)))
+        return self.loss_fn(columns, batch.get("scores"), self.scale, self.similarity), {}
+
+    @torch.no_grad()
+    def embed(self, model: SentenceEncoder, texts: list[str], query: bool) -> np.ndarray:
+        """Sentence vectors float32 [len(texts), D] (with the query or document prompt), in input order."""
+        def step(batch: dict, rows: list[int]) -> list:
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        token_type_ids=batch["token_type_ids"])
+            return list(out.float().cpu().numpy())
+
+        vectors = run_sorted(self.features(texts, query), self.tokenizer.pad_token_id, self.eval_batch_size, step,
+                             device=device_of(model))
+        return np.stack(vectors)
+
+    def evaluate(self, model: SentenceEncoder) -> dict[str, float]:
+        return evaluate_encoder(self, model, self.dev, self.similarity)[0]
+
+    def save(self, model: SentenceEncoder, out, tokenizer: Tokenizer) -> None:
+        """The trained encoder as a sentence-transformers directory, prompts and similarity included."""
+        from ..interop.sentence_dir import save_sentence_dir
+
+        save_sentence_dir(model, out, tokenizer, self.seq_len, self.prompts.named(), self.similarity)
+
+
+def evaluate_encoder(task: EmbeddingTask, model: SentenceEncoder, data: RetrievalSet, similarity: str,
+                     k: int = 100) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """(metrics, run): the judged queries of `data` searched over its whole corpus, exactly."""
+    queries = data.judged_queries()
+    doc_ids = list(data.corpus)
+    q = task.embed(model, list(queries.values()), query=True)
+    d = task.embed(model, [data.corpus[i] for i in doc_ids], query=False)
+    scores, indices = dense_top_k(q, d, k, similarity)
+    run = as_run(list(queries), doc_ids, scores, indices)
+    return evaluate_run(run, data.qrels)[0], run
+
+
+def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: SentenceEncoder | None = None):
+    """(encoder, task) for `finetune embed` (`cfg`: an `EmbedConfig`)."""
+    from ..interop.sentence_dir import load_sentence_encoder, read_sentence_dir
+
+    data = read_tuples(train_path, cfg.train_split)
+    loss = loss_name(cfg.loss, data)
+    if model is None:
+        model = load_sentence_encoder(cfg.model, cfg.pooling, True if cfg.normalize else None)
+    if not cfg.seq_len_given:  # a sentence-transformers directory's own max_seq_length, as it trains by default
+        sentence = read_sentence_dir(cfg.model)
+        # sentence-transformers 6 keeps it as the tokenizer's model_max_length; older versions in sentence_bert_config.
+        own = sentence and (sentence.max_length or min(tokenizer.model_max_length, 1 << 30))
+        if own:
+            cfg.seq_len = min(own, model.config.max_sequence_length)
+    task = EmbeddingTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed,
+                         loss, cfg.scale, cfg.similarity, Prompts(cfg.query_prompt, cfg.document_prompt))
+    return model, task

@@ -1,0 +1,87 @@
+"""The losses an embedder trains with, named and defaulted as sentence-transformers names them.
+
+Each takes the batch's vectors one column at a time (`columns[c]`: float [B, D], the c-th text of
+every row: anchor, positive, negatives...) and, for scored pairs, the scores float [B]. In a
+torchrun job the in-batch candidates are gathered from every process with their gradients
+(`gather`), so N processes train exactly as one process with the global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..models.pooling import similarity
+
+
+def gather(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Every process's rows of `x` [B, D], concatenated in rank order with the gradient flowing back to each
+    process's own rows, and where this process's rows start. Without a process group: (x, 0)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x, 0
+    from torch.distributed.nn.functional import all_gather
+
+    parts = all_gather(x.contiguous())
+    return torch.cat(parts), dist.get_rank() * x.shape[0]
+
+
+def multiple_negatives_ranking(columns: list[torch.Tensor], scores: torch.Tensor | None, scale: float = 20.0,
+                               kind: str = "cosine", symmetric: bool = False) -> torch.Tensor:
+    """MultipleNegativesRankingLoss: each anchor must pick its own positive among every positive and negative
+    of the (global) batch: cross-entropy over `scale` x similarity. `symmetric` (MultipleNegativesSymmetric-
+    RankingLoss) averages it with the positives picking their anchor among the batch's anchors."""
+    anchors = columns[0]
+    gathered = [gather(c) for c in columns[1:]]
+    candidates = torch.cat([g for g, _ in gathered])  # [world * B * (columns - 1), D]
+    offset = gathered[0][1]
+    labels = torch.arange(anchors.shape[0], device=anchors.device) + offset
+    forward = F.cross_entropy(scale * similarity(anchors, candidates, kind), labels)
+    if not symmetric:
+        return forward
+    all_anchors, _ = gather(anchors)
+    backward = F.cross_entropy(scale * similarity(columns[1], all_anchors, kind), labels)
+    return (forward + backward) / 2
+
+
+def cosent(columns: list[torch.Tensor], scores: torch.Tensor, scale: float = 20.0, kind: str = "cosine") -> torch.Tensor:
+    """CoSENTLoss: every pair (i, j) with score_i > score_j should have similarity_i > similarity_j:
+    log(1 + sum over such pairs of exp(scale (sim_j - sim_i)))."""
+    a, b = gather(columns[0])[0], gather(columns[1])[0]
+    y = gather(scores.unsqueeze(-1))[0].squeeze(-1)
+    sims = scale * _paired(a, b, kind)
+    diff = sims[None, :] - sims[:, None]  # [i, j] = sim_j - sim_i
+    wanted = y[:, None] > y[None, :]  # score_i > score_j
+    terms = diff[wanted]
+    return torch.logsumexp(torch.cat([terms.new_zeros(1), terms]), dim=0)
+
+
+def cosine_similarity(columns: list[torch.Tensor], scores: torch.Tensor, scale: float = 1.0,
+                      kind: str = "cosine") -> torch.Tensor:
+    """CosineSimilarityLoss: mean squared error between each pair's cosine similarity and its score."""
+    return F.mse_loss(_paired(columns[0], columns[1], "cosine"), scores.to(columns[0].dtype))
+
+
+def _paired(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:
+    """Row i of a against row i of b: float [B]."""
+    if kind == "cosine":
+        return F.cosine_similarity(a, b, dim=-1)
+    if kind == "dot":
+        return (a * b).sum(-1)
+    return similarity(a, b, kind).diagonal()
+
+
+# name -> (function(columns, scores, scale, similarity kind), needs scores, default scale). sentence-transformers' class names, and short ones.
+LOSSES: dict[str, tuple[Callable[..., torch.Tensor], bool, float]] = {
+    "MultipleNegativesRankingLoss": (multiple_negatives_ranking, False, 20.0),
+    "MultipleNegativesSymmetricRankingLoss": (
+        lambda columns, scores, scale, kind: multiple_negatives_ranking(columns, scores, scale, kind, True), False, 20.0),
+    "CoSENTLoss": (cosent, True, 20.0),
+    "CosineSimilarityLoss": (cosine_similarity, True, 1.0),
+}
+ALIASES = {"mnrl": "MultipleNegativesRankingLoss", "in-batch": "MultipleNegativesRankingLoss",
+           "mnrl-symmetric": "MultipleNegativesSymmetricRankingLoss", "cosent": "CoSENTLoss",
+           "cosine": "CosineSimilarityLoss"}

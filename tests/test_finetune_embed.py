@@ -1,0 +1,180 @@
+"""`bertforge finetune embed`: sentence-transformers' losses, batches without duplicate texts, a directory that
+`SentenceTransformer` loads and encodes to the same vectors, exact resume, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+st = pytest.importorskip("sentence_transformers")
+import sentence_transformers.models  # noqa: E402,F401
+transformers = pytest.importorskip("transformers")
+
+from bertforge import Tokenizer  # noqa: E402
+from bertforge.cli import main  # noqa: E402
+from bertforge.data.retrieval import read_tuples  # noqa: E402
+from bertforge.inference.pipelines import embed  # noqa: E402
+from bertforge.interop.sentence_dir import load_sentence_encoder, read_sentence_dir  # noqa: E402
+from bertforge.tasks.embedding import unique_batches  # noqa: E402
+from bertforge.tasks.embedding_losses import LOSSES  # noqa: E402
+from bertforge.tokenization.kinds import load_tokenizer  # noqa: E402
+
+WORDS = ("cat dog mat sits runs fast quick brown fox jumps lazy river bank money water city paris london "
+         "who what where when capital country king queen music film year war").split()
+
+
+def _sentences(n: int, seed: int, low: int, high: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, int(rng.integers(low, high)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def st_dir(tmp_path_factory):
+    """A tiny random BERT saved by sentence-transformers with Pooling (mean), Dense and Normalize."""
+    root = tmp_path_factory.mktemp("embed")
+    tok = Tokenizer.train(texts=_sentences(400, 0, 3, 12), vocab_size=120, min_frequency=1)
+    tok.save(root / "bert")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=96)
+    transformers.BertModel(config).save_pretrained(root / "bert")
+    modules = [st.models.Transformer(str(root / "bert"), max_seq_length=48), st.models.Pooling(32, "mean"),
+               st.models.Dense(32, 24), st.models.Normalize()]
+    st.SentenceTransformer(modules=modules, device="cpu").save(str(root / "st"))
+    return root / "st"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """(train pairs with some passages shared by several queries, dev pairs) as JSONL files."""
+    root = tmp_path_factory.mktemp("embed-data")
+    passages = _sentences(30, 1, 8, 20)
+    queries = _sentences(90, 2, 2, 5)
+    rows = [{"query": q, "positive": passages[i % 30]} for i, q in enumerate(queries)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:70]))
+    (root / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[70:]))
+    return root
+
+
+def _train(st_dir: Path, data: Path, out: Path, *extra: str) -> int:
+    return main(["finetune", "embed", "--model", str(st_dir), "--train", str(data / "train.jsonl"),
+                 "--dev", str(data / "dev.jsonl"), "--batch-size", "8", "--epochs", "1", "--precision", "fp32",
+                 "--matmul", "torch", "--out", str(out), "--json", *extra])
+
+
+def test_losses_equal_sentence_transformers():
+    """Each loss on the same vectors gives sentence-transformers' value (its compute_loss_from_embeddings)."""
+    from sentence_transformers.sentence_transformer import losses
+
+    torch.manual_seed(0)
+    columns = [torch.randn(6, 8, dtype=torch.float64) for _ in range(3)]
+    scores = torch.rand(6, dtype=torch.float64)
+    model = st.SentenceTransformer(modules=[st.models.Normalize()], device="cpu")
+    for name, (fn, scored, scale) in LOSSES.items():
+        theirs = getattr(losses, name)(model)
+        used = columns[:2] if scored else columns
+        expected = theirs.compute_loss_from_embeddings(used, scores if scored else None)
+        assert fn(used, scores if scored else None, scale, "cosine").item() == pytest.approx(expected.item(), rel=1e-6), name  # it casts scores to float32
+
+
+def test_batches_never_hold_one_text_twice():
+    rows = [(f"q{i}", f"p{i % 7}") for i in range(60)] + [("q0", "p99")]  # passages shared by many queries
+    for epoch in range(3):
+        batches = unique_batches(rows, 16, seed=0, epoch=epoch)
+        assert sorted(i for b in batches for i in b) == list(range(len(rows)))  # every row, once
+        for b in batches:
+            texts = [t for i in b for t in rows[i]]
+            assert len(texts) == len(set(texts)) and len(b) <= 16
+    assert unique_batches(rows, 16, 0, 0) == unique_batches(rows, 16, 0, 0)  # a function of (seed, epoch)
+    assert unique_batches(rows, 16, 0, 0) != unique_batches(rows, 16, 0, 1)
+
+
+def test_trained_directory_loads_in_sentence_transformers_with_equal_vectors(tmp_path, st_dir, data, capsys):
+    out = tmp_path / "out"
+    assert _train(st_dir, data, out, "--query-prompt", "query: ", "--document-prompt", "passage: ") == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["metric"] == "ndcg@10" and 0 <= result["ndcg@10"] <= 1
+    texts = _sentences(6, 5, 1, 30) + ["x"]
+    theirs = st.SentenceTransformer(str(out), device="cpu")
+    assert theirs.prompts["query"] == "query: " and theirs.prompts["document"] == "passage: "
+    assert [type(m).__name__ for m in theirs] == ["Transformer", "Pooling", "Dense", "Normalize"]
+    assert theirs.max_seq_length == 48  # the directory's own length, kept when --seq-len is not given
+    tok = load_tokenizer(out)
+    sentence = read_sentence_dir(out, 32)
+    encoder = load_sentence_encoder(out).eval()
+    for name in ("query", "document"):
+        expected = theirs.encode(texts, prompt_name=name, convert_to_numpy=True)
+        ours = embed(encoder.backbone, tok, texts, sentence=sentence, prompt=sentence.prompts[name])
+        cosine = (expected * ours).sum(1) / np.linalg.norm(expected, axis=1) / np.linalg.norm(ours, axis=1)
+        assert cosine.min() >= 0.99999, name
+    # The Dense layer trained: its weights moved from the starting directory's.
+    start = load_sentence_encoder(st_dir)
+    assert not torch.equal(start.dense[0].linear.weight, encoder.dense[0].linear.weight)
+
+
+def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, st_dir, data):
+    """Killed (SIGKILL) after a checkpoint and resumed, the run ends with the same weights as one that never
+    stopped: the batches' order, the Dense layer and the optimizer all come back from the checkpoint."""
+    import subprocess
+    import sys
+
+    from kill_utils import kill_after_checkpoint
+
+    def args(out: Path) -> list[str]:
+        return ["finetune", "embed", "--model", str(st_dir), "--train", str(data / "train.jsonl"), "--dev",
+                str(data / "dev.jsonl"), "--batch-size", "8", "--epochs", "3", "--precision", "fp32", "--matmul",
+                "torch", "--save-every", "2", "--out", str(out)]
+
+    env = {"OMP_NUM_THREADS": "1"}
+    whole = subprocess.run([sys.executable, "-m", "bertforge", *args(tmp_path / "whole")], capture_output=True,
+                           text=True, env={**os.environ, **env})
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "killed"
+    kill_after_checkpoint(args(out), out / "checkpoints", "step-*", seed=3, max_delay=0.3, **env)
+    resumed = subprocess.run([sys.executable, "-m", "bertforge", *args(out), "--resume"], capture_output=True,
+                             text=True, env={**os.environ, **env})
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming at step" in resumed.stderr
+    a, b = load_sentence_encoder(tmp_path / "whole"), load_sentence_encoder(out)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("rows, flags, message", [
+    ([{"query": "a"}], (), r"train.jsonl: 1 text column \(query\)"),
+    ([{"query": "a", "positive": " "}], (), r"train.jsonl:1: column 'positive' is empty"),
+    ([{"a": "x", "b": "y", "c": "z", "score": 1}], (), r"a 'score' column with 3 text columns"),
+    ([{"a": "x", "b": "y", "score": "high"}], (), r"train.jsonl:1: column 'score' is 'high', not a number"),
+    ([{"a": "x", "b": "y"}, {"a": "x", "c": "y"}], (), r"train.jsonl:2: columns a, c differ"),
+    ([{"a": "x", "b": "x"}], (), r"train.jsonl:1: one text in two columns"),
+    ([{"a": "x", "b": "y"}], ("--loss", "CoSENTLoss"), r"--loss CoSENTLoss trains on scored pairs"),
+    ([{"a": "x", "b": "y", "label": 0.5}], ("--loss", "mnrl"), r"holds scored pairs"),
+    ([{"a": "x", "b": "y"}], ("--loss", "TripletLoss"), r"--loss TripletLoss: use one of"),
+    ([{"a": "x", "b": "y"}], ("--text-column", "a"), r"text_column \(--text-column\): embed reads its columns"),
+])
+def test_bad_training_data_is_refused_in_one_line(tmp_path, st_dir, data, capsys, rows, flags, message):
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "dev.jsonl").write_text((data / "dev.jsonl").read_text())
+    assert _train(st_dir, tmp_path, tmp_path / "out", *flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bertforge: error:"), err
+    import re
+
+    assert re.search(message, err[0]), err[0]
+
+
+def test_a_beir_query_without_a_positive_is_refused(tmp_path):
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": "b"}\n')
+    (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "x"}\n{"_id": "q2", "text": "y"}\n')
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t0\n")
+    from bertforge.errors import InputError
+
+    with pytest.raises(InputError, match=r"qrels/train.tsv: query 'q2' has no relevant document"):
+        read_tuples(str(folder), "train")
