@@ -112,6 +112,19 @@ def test_trained_directory_loads_in_sentence_transformers_with_equal_vectors(tmp
         ours = embed(encoder.backbone, tok, texts, sentence=sentence, prompt=sentence.prompts[name])
         cosine = (expected * ours).sum(1) / np.linalg.norm(expected, axis=1) / np.linalg.norm(ours, axis=1)
         assert cosine.min() >= 0.99999, name
+    # The server reads it too (its Dense layer sets the width), and /embed's vectors with prompt_name are these.
+    from bertforge.server.service import Limits, Service
+
+    grad = torch.is_grad_enabled()
+    try:
+        service = Service(str(out), Limits())  # a server process turns autograd off for good
+        assert service.dimension == 24
+        served = np.stack(service.embed_vectors(texts, prompt=service.sentence.prompts["query"]))
+    finally:
+        torch.set_grad_enabled(grad)
+    expected = theirs.encode(texts, prompt_name="query", convert_to_numpy=True)
+    served /= np.linalg.norm(served, axis=1, keepdims=True)  # the route applies the final Normalize itself
+    assert np.abs(served - expected).max() < 1e-5
     # The Dense layer trained: its weights moved from the starting directory's.
     start = load_sentence_encoder(st_dir)
     assert not torch.equal(start.dense[0].linear.weight, encoder.dense[0].linear.weight)
