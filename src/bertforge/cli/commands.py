@@ -389,6 +389,47 @@ def evaluate_retrieval(*, model: str, data: str, split: str = "test", top_k: int
     show(metrics, json, f"retrieval on {data}")
 
 
+@command(app, "mine")
+def mine(*, model: str, data: str, out: str, split: str = "train", num_negatives: int = 3, range_min: int = 0,
+         range_max: int = 100, absolute_margin: float | None = None, relative_margin: float | None = None,
+         max_score: float | None = None, sampling: Literal["top", "random"] = "top",
+         cross_encoder: str | None = None, batch_size: int = 64, seed: int = 0, overwrite: bool = False,
+         json: bool = False) -> None:
+    """Mine hard negatives: the n-tuples (query, positive, negative_1..n) that `finetune embed` trains on.
+
+    Embeds --data's corpus and judged queries with --model, retrieves each query's closest documents
+    exactly, drops its relevant ones, and keeps candidates ranked --range-min to --range-max that
+    score below the positive by --absolute-margin or --relative-margin (the guard against unjudged
+    positives) and under --max-score. --cross-encoder rescores candidates and positives first. One
+    row per (query, positive) that keeps --num-negatives; the others are counted as skipped.
+
+    Args:
+        model: the embedder that retrieves (a sentence-transformers directory or any family checkpoint)
+        data: a BEIR folder (its --split qrels) or a (query, positive) pair file
+        out: the JSONL file to write
+        split: the qrels split of a BEIR folder
+        num_negatives: negatives per row
+        range_min: skip this many of the closest non-relevant documents
+        range_max: consider non-relevant documents up to this rank
+        absolute_margin: keep a candidate only if it scores at most the positive's score minus this
+        relative_margin: keep a candidate only if it scores at most the positive's score times (1 - this)
+        max_score: keep a candidate only if it scores at most this
+        sampling: top (the closest that pass) or random (a seeded sample of them)
+        cross_encoder: a cross-encoder directory whose scores replace the embedder's
+        batch_size: texts per forward pass
+        seed: seed of --sampling random
+        overwrite: replace an existing --out file
+        json: print the counts as one JSON object
+    """
+    from ..retrieval.mine import MineSettings, run_mine
+
+    if Path(out).exists() and not overwrite:
+        raise BertforgeError(f"{out}: exists; pass --overwrite to replace it")
+    settings = MineSettings(num_negatives, range_min, range_max, absolute_margin, relative_margin, max_score, sampling)
+    show(run_mine(model, data, out, settings, split=split, cross_encoder=cross_encoder, batch_size=batch_size,
+                  seed=seed), json, f"hard negatives written to {out}")
+
+
 @command(app, "squad-retrieval")
 def squad_retrieval(squad: str, *, out: str, seed: int = 0, overwrite: bool = False, json: bool = False) -> None:
     """Build a passage-retrieval set (BEIR layout) from a SQuAD file: each question retrieves its paragraph.

@@ -205,17 +205,7 @@ class Service:
     def relevance(self, pairs: list[tuple[str, str]], side: str = "right") -> list[tuple[float, float]]:
         """(score, raw score) of each (query, text): sigmoid of a single logit, as TEI and
         sentence-transformers' CrossEncoder give it; for two classes, the second's probability."""
-        scored = pipelines.classify(self.model, self.tokenizer, [q for q, _ in pairs], [t for _, t in pairs],
-                                    truncation_side=side)
-        out = []
-        for row in scored:
-            if "value" in row:  # one logit
-                raw = row["value"]
-                out.append((float(1 / (1 + np.exp(-raw))), raw))
-            else:
-                probability = list(row["scores"].values())[1]
-                out.append((probability, probability))
-        return out
+        return pipelines.relevance(self.model, self.tokenizer, pairs, truncation_side=side)
 
     # ------------------------------------------------------------------ description
     def info(self) -> dict[str, Any]:
