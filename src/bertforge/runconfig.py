@@ -323,7 +323,7 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
 
 
 TASKS = ("classify", "regress", "ner", "qa")  # the labelled-data tasks: finetune, distill and evaluate
-FINETUNE_TASKS = (*TASKS, "embed")
+FINETUNE_TASKS = (*TASKS, "embed", "rerank")
 # Pretraining objectives: masked-LM alone, with a sentence-pair head (BERT's next sentence, ALBERT's order), or
 # ELECTRA's replaced-token detection (a generator and a discriminator).
 OBJECTIVES = ("mlm+nsp", "mlm+sop", "rtd", "mlm")
@@ -418,28 +418,17 @@ class DistillConfig(FinetuneConfig):
 
 
 @dataclass
-class EmbedConfig(FinetuneConfig):
-    """Everything `bertforge finetune embed` takes: fine-tuning's loop and model, a bi-encoder's data and loss."""
+class RetrievalTrainConfig(FinetuneConfig):
+    """What `finetune embed` and `finetune rerank` share: rows read by column shape, a BEIR folder's splits, a loss."""
 
-    task: str = setting("embed", "embed", cli=False)
     train: str = setting("", "training rows: .jsonl/.tsv/.csv by column shape ((anchor, positive[, negatives...]) or "
                              "(text1, text2, score)), a BEIR folder, or hf:NAME:SPLIT")
     dev: str = setting("", "evaluation: a BEIR folder (its --dev-split qrels) or a (query, passage) pair file")
     train_split: str = setting("train", "the qrels split a BEIR folder trains on")
     dev_split: str = setting("dev", "the qrels split a BEIR folder evaluates on")
-    loss: str | None = setting(None, "MultipleNegativesRankingLoss (in-batch negatives; the default for rows), "
-                                     "MultipleNegativesSymmetricRankingLoss, CoSENTLoss (the default for scored pairs) "
-                                     "or CosineSimilarityLoss")
-    scale: float | None = setting(None, "the similarity's scale in the loss (default: the loss's own, 20)")
-    similarity: str = setting("cosine", "similarity function: cosine or dot (saved as the model's similarity_fn_name)")
-    pooling: str | None = setting(None, "pooling of a checkpoint without one: mean (default), cls, max, ...; replaces a "
-                                        "sentence-transformers directory's")
-    normalize: bool = setting(False, "add a Normalize module (a sentence-transformers directory keeps its own)")
-    query_prompt: str = setting("", "put before every query (a row's first text), saved as the prompt named 'query'")
-    document_prompt: str = setting("", "put before every other text, saved as the prompt named 'document'")
+    scale: float | None = setting(None, "the scores' scale in the loss (default: the loss's own)")
     lr: float = setting(2e-5, "peak learning rate")
     epochs: float | None = setting(1.0, "stop after this many passes over the data")
-    out: str = setting("bertforge-embed", "output directory")
 
     def __post_init__(self) -> None:
         given = self.seq_len is not None
@@ -449,16 +438,62 @@ class EmbedConfig(FinetuneConfig):
         self.seq_len_given = given
         for name in ("text_column", "pair_column", "label_column"):
             if getattr(self, name) is not None:
-                raise ConfigError(f"{flag(name)}: embed reads its columns by shape (anchor, positive, negatives...; a "
-                                  "'label' or 'score' column makes scored pairs)")
-        if self.similarity not in ("cosine", "dot"):
-            raise ConfigError(f"{flag('similarity')} must be cosine or dot, not {self.similarity!r}")
+                raise ConfigError(f"{flag(name)}: {self.task} reads its columns by shape (anchor, positive, "
+                                  "negatives...; a 'label' or 'score' column makes scored pairs)")
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
             raise ConfigError(f"{flag('scale')} must be a positive number")
         if self.pack:
-            raise ConfigError(f"{flag('pack')}: embed already unpads every text; packing is not supported")
+            raise ConfigError(f"{flag('pack')}: {self.task} already unpads every text; packing is not supported")
         if self.backend == "jax":
-            raise ConfigError(f"{flag('backend')} jax fine-tunes classify only, not embed")
+            raise ConfigError(f"{flag('backend')} jax fine-tunes classify only, not {self.task}")
+
+
+@dataclass
+class EmbedConfig(RetrievalTrainConfig):
+    """Everything `bertforge finetune embed` takes: fine-tuning's loop and model, a bi-encoder's data and loss."""
+
+    task: str = setting("embed", "embed", cli=False)
+    loss: str | None = setting(None, "MultipleNegativesRankingLoss (in-batch negatives; the default for rows), "
+                                     "MultipleNegativesSymmetricRankingLoss, CoSENTLoss (the default for scored pairs) "
+                                     "or CosineSimilarityLoss")
+    similarity: str = setting("cosine", "similarity function: cosine or dot (saved as the model's similarity_fn_name)")
+    pooling: str | None = setting(None, "pooling of a checkpoint without one: mean (default), cls, max, ...; replaces a "
+                                        "sentence-transformers directory's")
+    normalize: bool = setting(False, "add a Normalize module (a sentence-transformers directory keeps its own)")
+    query_prompt: str = setting("", "put before every query (a row's first text), saved as the prompt named 'query'")
+    document_prompt: str = setting("", "put before every other text, saved as the prompt named 'document'")
+    out: str = setting("bertforge-embed", "output directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.similarity not in ("cosine", "dot"):
+            raise ConfigError(f"{flag('similarity')} must be cosine or dot, not {self.similarity!r}")
+
+
+@dataclass
+class RerankConfig(RetrievalTrainConfig):
+    """Everything `bertforge finetune rerank` takes: fine-tuning's loop and model, a cross-encoder's data and loss."""
+
+    task: str = setting("rerank", "rerank", cli=False)
+    loss: str | None = setting(None, "BinaryCrossEntropyLoss (the default for (query, passage, label) rows) or "
+                                     "MultipleNegativesRankingLoss (the default for (query, positive[, negatives]) "
+                                     "rows)")
+    num_negatives: int = setting(4, "MultipleNegativesRankingLoss: other rows' passages drawn as each query's "
+                                    "in-batch negatives")
+    pos_weight: float | None = setting(None, "BinaryCrossEntropyLoss: weight of the positive label")
+    candidates: str | None = setting(None, "the first stage's ranking of the --dev queries: a TREC run file (e.g. "
+                                           "from bertforge evaluate retrieval --run)")
+    rerank_top_k: int = setting(50, "candidates reranked per --dev query")
+    out: str = setting("bertforge-rerank", "output directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_negatives < 0:
+            raise ConfigError(f"{flag('num_negatives')} must be 0 or more")
+        if self.rerank_top_k < 1:
+            raise ConfigError(f"{flag('rerank_top_k')} must be at least 1")
+        if self.pos_weight is not None and not (math.isfinite(self.pos_weight) and self.pos_weight > 0):
+            raise ConfigError(f"{flag('pos_weight')} must be a positive number")
 
 
 @dataclass

@@ -20,7 +20,7 @@ from ..errors import BertforgeError
 from ..heartbeat import phase
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
-from ..runconfig import DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig
+from ..runconfig import DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig, RerankConfig
 from .build import command, settings_from
 
 app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -39,12 +39,13 @@ kernels_app = typer.Typer(rich_markup_mode=None, invoke_without_command=True,
                           help="The native CPU kernels: what the cache holds (the default), or build them now.")
 app.add_typer(kernels_app, name="kernels", help="the native CPU kernels: their cache's state, or build them now")
 finetune_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                           help="Fine-tune a checkpoint for a task: classify, regress, ner, qa, or embed (retrieval).")
-app.add_typer(finetune_app, name="finetune", help="fine-tune a checkpoint (classify, regress, ner, qa, embed)")
+                           help="Fine-tune a checkpoint for a task: classify, regress, ner, qa, or embed and rerank (retrieval).")
+app.add_typer(finetune_app, name="finetune", help="fine-tune a checkpoint (classify, regress, ner, qa, embed, rerank)")
 evaluate_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
-                           help="Score a model: classify, regress, ner, qa on labelled files; retrieval on a BEIR folder.")
+                           help="Score a model: classify, regress, ner, qa on labelled files; retrieval and rerank on a "
+                                "BEIR folder.")
 app.add_typer(evaluate_app, name="evaluate", help="score a model on labelled data (classify, regress, ner, qa, "
-                                                  "retrieval)")
+                                                  "retrieval, rerank)")
 app.add_typer(distill_app, name="distill", help="distil a model into a smaller student (classify, regress, ner, qa, mlm)")
 
 
@@ -224,6 +225,13 @@ _FINETUNE_HELP = {
     with in-batch negatives, (text1, text2, score) with CoSENT; no batch holds one text twice.
     Retrieval on the --dev BEIR folder (nDCG@10) selects the model, written as a
     sentence-transformers directory with its prompts.""",
+    "rerank": """Fine-tune a reranker (a cross-encoder: one relevance logit per (query, passage) pair).
+
+    From any family checkpoint (a one-logit head is added) or a cross-encoder. (query, passage,
+    label) rows train with binary cross-entropy; (query, positive[, negatives...]) rows with
+    MultipleNegativesRankingLoss over their own and in-batch negatives. Reranking the --candidates
+    run of the --dev queries (nDCG@10) selects the model, which sentence-transformers' CrossEncoder
+    loads and `serve` answers /rerank with.""",
 }
 _FINETUNE_COMMON = """
 
@@ -233,7 +241,7 @@ _FINETUNE_COMMON = """
 
 def _finetune_command(task: str) -> None:
     """`bertforge finetune TASK`: one subcommand per task, each its config class's flags with its task set."""
-    settings_class = EmbedConfig if task == "embed" else FinetuneConfig
+    settings_class = {"embed": EmbedConfig, "rerank": RerankConfig}.get(task, FinetuneConfig)
 
     def finetune(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
                  **settings: Any) -> None:
@@ -387,6 +395,36 @@ def evaluate_retrieval(*, model: str, data: str, split: str = "test", top_k: int
                                        query_prompt=query_prompt, document_prompt=document_prompt,
                                        measures=measures, run_file=run)
     show(metrics, json, f"retrieval on {data}")
+
+
+@command(evaluate_app, "rerank")
+def evaluate_rerank(*, model: str, data: str, candidates: str, split: str = "test", top_k: int = 50,
+                    batch_size: int = 32, measures: str | None = None, run: str | None = None,
+                    overwrite: bool = False, json: bool = False) -> None:
+    """Rerank a first stage's candidates with a cross-encoder and score both rankings as trec_eval does.
+
+    Takes each judged query's first --top-k documents of --candidates (a TREC run file, e.g. from
+    `evaluate retrieval --run`), scores every (query, document) pair with the cross-encoder, and
+    reports the reranked ranking's measures beside the first stage's (`first_stage`).
+
+    Args:
+        model: a cross-encoder directory (one relevance logit; sentence-transformers' CrossEncoder layout too)
+        data: a BEIR folder or a (query, passage) pair file
+        candidates: the first stage's TREC run file
+        split: the qrels split of a BEIR folder
+        top_k: candidates reranked per query
+        batch_size: pairs per forward pass
+        measures: comma-separated, e.g. ndcg@10,recall@10 (default: nDCG@10, MRR@10, MAP@100, recall, P@10)
+        run: also write the reranked ranking as a TREC run file here
+        overwrite: replace an existing --run file
+        json: print the metrics as one JSON object
+    """
+    from ..retrieval.rerank import run_rerank_evaluation
+
+    if run and Path(run).exists() and not overwrite:
+        raise BertforgeError(f"{run}: exists; pass --overwrite to replace it")
+    show(run_rerank_evaluation(model, data, candidates, split=split, top_k=top_k, batch_size=batch_size,
+                               measures=measures, run_file=run), json, f"reranking on {data}")
 
 
 @command(app, "mine")

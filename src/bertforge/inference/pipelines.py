@@ -181,16 +181,17 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
 
 
 def relevance(model, tokenizer: Tokenizer, pairs: list[tuple[str, str]], batch_size: int = 32,
-              truncation_side: str = "right") -> list[tuple[float, float]]:
-    """(score, raw score) of each (query, text) by a cross-encoder: the sigmoid of a single logit, as TEI and
-    sentence-transformers' CrossEncoder give it; for two classes, the second's probability."""
+              truncation_side: str = "right", activation: str = "sigmoid") -> list[tuple[float, float]]:
+    """(score, raw score) of each (query, text) by a cross-encoder: the sigmoid of a single logit (or the logit
+    itself, `activation` "identity"), as TEI and sentence-transformers' CrossEncoder give it; for two classes, the
+    second's probability."""
     scored = classify(model, tokenizer, [q for q, _ in pairs], [t for _, t in pairs], batch_size=batch_size,
                       truncation_side=truncation_side)
     out = []
     for row in scored:
         if "value" in row:  # one logit
             raw = row["value"]
-            out.append((float(1 / (1 + np.exp(-raw))), raw))
+            out.append((float(1 / (1 + np.exp(-raw))) if activation == "sigmoid" else raw, raw))
         else:
             probability = list(row["scores"].values())[1]
             out.append((probability, probability))

@@ -165,7 +165,7 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
     """The sentence pipeline of a sentence-transformers directory, or None for a plain checkpoint."""
     model_dir = Path(model_dir)
     modules_file = model_dir / "modules.json"
-    if not modules_file.is_file():
+    if not modules_file.is_file() or is_cross_encoder_dir(model_dir):
         return None
     modules = _json(modules_file)
     if not isinstance(modules, list):
@@ -241,6 +241,41 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
             if prompt_excluded_by is not None:  # pooling without the prompt's tokens is not implemented
                 raise ConfigError(f"{prompt_excluded_by}: include_prompt false with a default prompt is not supported")
     return pipeline
+
+
+# A CrossEncoder's activation (what its predict applies to the logit), by the class path sentence-transformers saves.
+CROSS_ENCODER_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid",
+                             "torch.nn.modules.linear.Identity": "identity"}
+
+
+def is_cross_encoder_dir(model_dir: str | Path) -> bool:
+    """Whether sentence-transformers saved the directory as a CrossEncoder (its 6.x layout says so in
+    config_sentence_transformers.json; 3.x-5.x in config.json's `sentence_transformers` key)."""
+    model_dir = Path(model_dir)
+    st_file = model_dir / "config_sentence_transformers.json"
+    if st_file.is_file() and _json(st_file).get("model_type") == "CrossEncoder":
+        return True
+    config = model_dir / "config.json"
+    return config.is_file() and isinstance(_json(config).get("sentence_transformers"), dict)
+
+
+def cross_encoder_activation(model_dir: str | Path) -> str:
+    """What a reranker's score is: "sigmoid" of its logit (sentence-transformers' default for one label, and TEI's
+    /rerank) or the "identity" (the raw logit), as the directory's CrossEncoder settings say; others refused."""
+    model_dir = Path(model_dir)
+    st_file = model_dir / "config_sentence_transformers.json"
+    config_file = model_dir / "config.json"
+    name, where = None, None
+    if st_file.is_file() and _json(st_file).get("model_type") == "CrossEncoder":
+        name, where = _json(st_file).get("activation_fn"), st_file
+    elif config_file.is_file() and isinstance(_json(config_file).get("sentence_transformers"), dict):
+        name, where = _json(config_file)["sentence_transformers"].get("activation_fn"), config_file
+    if name is None:
+        return "sigmoid"
+    if name not in CROSS_ENCODER_ACTIVATIONS:
+        raise ConfigError(f"{where}: activation_fn {name!r}; bertforge scores with "
+                          f"{' or '.join(CROSS_ENCODER_ACTIVATIONS)}")
+    return CROSS_ENCODER_ACTIVATIONS[name]
 
 
 def sentence_pipeline(model_dir: str | Path, hidden_size: int, pooling: str | None = None,

@@ -30,6 +30,17 @@ def read_retrieval_set(path: str, split: str) -> RetrievalSet:
     return from_pairs([(r[0], r[1]) for r in data.rows], path)
 
 
+def check_measures(measures: str | None) -> tuple[str, ...]:
+    """--measures (comma-separated) as measure names, each checked; none: DEFAULT_MEASURES."""
+    names = tuple(m.strip() for m in measures.split(",") if m.strip()) if measures else DEFAULT_MEASURES
+    for name in names:
+        try:
+            parse_measure(name)
+        except ValueError as exc:
+            raise InputError(f"--measures: {exc}") from None
+    return names
+
+
 @dataclass
 class Encoded:
     """A retrieval set's judged queries and corpus, embedded by one model, and how that model compares them."""
@@ -76,12 +87,7 @@ def run_retrieval_evaluation(model_dir: str, data_path: str, split: str = "test"
                              document_prompt: str | None = None, measures: str | None = None,
                              run_file: str | None = None) -> dict[str, Any]:
     """The metrics of `model_dir` on a retrieval set (and the TREC run written to `run_file`)."""
-    names = tuple(m.strip() for m in measures.split(",") if m.strip()) if measures else DEFAULT_MEASURES
-    for name in names:
-        try:
-            parse_measure(name)
-        except ValueError as exc:
-            raise InputError(f"--measures: {exc}") from None
+    names = check_measures(measures)
     if top_k < 1:
         raise InputError("--top-k must be at least 1")
     data = read_retrieval_set(data_path, split)

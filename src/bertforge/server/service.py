@@ -80,7 +80,7 @@ class Service:
         import torch
 
         from ..interop.hf import architecture_of, head_of
-        from ..interop.sentence_dir import sentence_pipeline
+        from ..interop.sentence_dir import cross_encoder_activation, sentence_pipeline
         from ..tokenization.kinds import load_tokenizer
 
         self.model_dir, self.limits = model_dir, limits
@@ -96,6 +96,7 @@ class Service:
         self.counter = load_tokenizer(model_dir)
         self.counter_lock = threading.Lock()
         self.sentence = sentence_pipeline(model_dir, self.config.hidden_size)
+        self.activation = cross_encoder_activation(model_dir)  # a reranker's score: its CrossEncoder settings
         # The vectors are computed without a final Normalize step, which each endpoint applies
         # itself: the model's own setting for bertforge's /embed and OpenAI's, the request's
         # `normalize` for TEI's.
@@ -205,7 +206,7 @@ class Service:
     def relevance(self, pairs: list[tuple[str, str]], side: str = "right") -> list[tuple[float, float]]:
         """(score, raw score) of each (query, text): sigmoid of a single logit, as TEI and
         sentence-transformers' CrossEncoder give it; for two classes, the second's probability."""
-        return pipelines.relevance(self.model, self.tokenizer, pairs, truncation_side=side)
+        return pipelines.relevance(self.model, self.tokenizer, pairs, truncation_side=side, activation=self.activation)
 
     # ------------------------------------------------------------------ description
     def info(self) -> dict[str, Any]:

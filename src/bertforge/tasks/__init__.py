@@ -10,7 +10,7 @@ Adding a task means adding a module here and one line in `TASKS` (and its name i
 from __future__ import annotations
 
 from ..data.batching import collate
-from . import classification, embedding, question_answering, token_classification
+from . import classification, embedding, question_answering, reranking, token_classification
 from .base import FeatureTask, new_model
 from .classification import ClassificationTask
 from .question_answering import QuestionAnsweringTask
@@ -22,6 +22,7 @@ TASKS = {
     "ner": token_classification.build,
     "qa": question_answering.build,
     "embed": embedding.build,
+    "rerank": reranking.build,
 }
 
 __all__ = ["TASKS", "FeatureTask", "ClassificationTask", "TokenClassificationTask", "QuestionAnsweringTask",

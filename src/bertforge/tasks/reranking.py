@@ -1,0 +1,153 @@
+"""Cross-encoder training: (query, passage) pairs scored by one logit, as sentence-transformers' CrossEncoder.
+
+Rows are read by column shape (`data/retrieval.py`): scored pairs (query, passage, label) train with binary
+cross-entropy; (query, positive[, negatives...]) rows with MultipleNegativesRankingLoss, where each query must
+score its positive above its own negatives and `num_negatives` other rows' passages drawn from the batch. Every
+pair of a batch goes through the model in one forward. Evaluation reranks a first stage's candidates (a TREC run
+file, e.g. from `evaluate retrieval --run`) and scores the new ranking as trec_eval does; nDCG@10 selects.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data.batching import collate
+from ..data.retrieval import TupleData, read_tuples
+from ..errors import InputError
+from ..retrieval.beir import RetrievalSet, read_run
+from ..retrieval.evaluate import read_retrieval_set
+from ..retrieval.metrics import evaluate_run
+from ..retrieval.rerank import rerank_run
+from ..tokenization.tokenizer import Tokenizer
+
+# name -> needs scored pairs. sentence-transformers' cross-encoder loss names.
+RERANK_LOSSES = {"BinaryCrossEntropyLoss": True, "MultipleNegativesRankingLoss": False}
+RERANK_ALIASES = {"bce": "BinaryCrossEntropyLoss", "mnrl": "MultipleNegativesRankingLoss"}
+
+
+def rerank_loss_name(name: str | None, data: TupleData) -> str:
+    """`--loss` as a sentence-transformers cross-encoder loss name, checked against the data's shape."""
+    if name is None:
+        return "BinaryCrossEntropyLoss" if data.scores is not None else "MultipleNegativesRankingLoss"
+    full = RERANK_ALIASES.get(name, name)
+    if full not in RERANK_LOSSES:
+        raise InputError(f"--loss {name}: use one of {', '.join(RERANK_LOSSES)} (or {', '.join(RERANK_ALIASES)})")
+    if RERANK_LOSSES[full] != (data.scores is not None):
+        want = "(query, passage, label) rows" if RERANK_LOSSES[full] else "(query, positive[, negatives...]) rows"
+        raise InputError(f"--loss {full} trains on {want}; {data.source} holds {data.shape}")
+    return full
+
+
+class RerankTask:
+    """The Trainer's task for a one-logit sequence classifier (see `trainer.Task`)."""
+
+    main_metric = "ndcg@10"
+    greater_is_better = True
+
+    def __init__(self, data: TupleData, dev: RetrievalSet, candidates: dict, tokenizer: Tokenizer, seq_len: int,
+                 batch_size: int, seed: int, loss: str, num_negatives: int, scale: float, pos_weight: float | None,
+                 top_k: int) -> None:
+        from .embedding import unique_batches
+
+        self.data, self.dev, self.candidates, self.tokenizer = data, dev, candidates, tokenizer
+        self.seq_len, self.batch_size, self.seed, self.loss_name = seq_len, batch_size, seed, loss
+        self.num_negatives, self.scale, self.pos_weight, self.top_k = num_negatives, scale, pos_weight, top_k
+        if loss == "BinaryCrossEntropyLoss":
+            bad = [(line, y) for line, y in zip(data.lines, data.scores) if not 0 <= y <= 1]
+            if bad:
+                raise InputError(f"{data.source}:{bad[0][0]}: label {bad[0][1]} lies outside [0, 1], which binary "
+                                 "cross-entropy reads as a probability")
+        self._batches = unique_batches
+        self._epoch: tuple[int, list[list[int]]] | None = None
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        if self._epoch is None or self._epoch[0] != epoch:
+            rows = self.data.rows if self.loss_name != "BinaryCrossEntropyLoss" else [(str(i),) for i in
+                                                                                       range(len(self.data.rows))]
+            self._epoch = (epoch, self._batches(rows, self.batch_size, self.seed, epoch))
+        return self._epoch[1]
+
+    def micro_batches_per_epoch(self, epoch: int) -> int:
+        return len(self._epoch_batches(epoch))
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+        """All the batch's (query, passage) pairs, candidate by candidate: [B * C, T]; `scores` float [B] for
+        binary cross-entropy. For ranking, candidate 0 is each row's positive, then the in-batch negatives (drawn
+        with a generator seeded by (seed, epoch, index), so a resumed run draws the same), then its own negatives."""
+        chosen = self._epoch_batches(epoch)[index]
+        rows = [self.data.rows[i] for i in chosen]
+        if self.loss_name == "BinaryCrossEntropyLoss":
+            pairs = [(r[0], r[1]) for r in rows]
+            batch = self._collate(pairs)
+            batch["scores"] = torch.tensor([self.data.scores[i] for i in chosen], dtype=torch.float32)
+            return batch
+        columns = [[r[c] for r in rows] for c in range(1, len(self.data.columns))]
+        flat = [text for column in columns for text in column]  # every passage of the batch, column by column
+        B, C = len(rows), len(columns)
+        rng = np.random.default_rng([self.seed, 31, epoch, index])
+        others = [[j * B + b for j in range(C) for b in range(B) if b != a] for a in range(B)]
+        picks = min(self.num_negatives, len(others[0])) if others[0] else 0
+        in_batch = [list(rng.choice(o, picks, replace=False)) if picks else [] for o in others]
+        candidates = [columns[0]] + [[flat[in_batch[a][k]] for a in range(B)] for k in range(picks)] + columns[1:]
+        batch = self._collate([(rows[a][0], column[a]) for column in candidates for a in range(B)])
+        batch["candidates"] = torch.tensor([len(candidates)])
+        return batch
+
+    def _collate(self, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer([q for q, _ in pairs], [p for _, p in pairs], truncation=True, max_length=self.seq_len,
+                             return_token_type_ids=True)
+        return collate([{"input_ids": i, "token_type_ids": t} for i, t in zip(enc["input_ids"], enc["token_type_ids"])],
+                       self.tokenizer.pad_token_id)
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        logits = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                       attention_mask=batch["attention_mask"]).logits.float().view(-1)
+        if self.loss_name == "BinaryCrossEntropyLoss":
+            weight = None if self.pos_weight is None else torch.tensor(self.pos_weight, device=logits.device)
+            return F.binary_cross_entropy_with_logits(logits, batch["scores"], pos_weight=weight), {}
+        grid = logits.view(int(batch["candidates"]), -1).T  # [B, candidates]: the positive first
+        scores = torch.sigmoid(grid) * self.scale  # sentence-transformers' activation and scale
+        return F.cross_entropy(scores, torch.zeros(grid.shape[0], dtype=torch.long, device=grid.device)), {}
+
+    def save(self, model, out, tokenizer: Tokenizer) -> None:
+        """The Hugging Face directory, its tokenizer's model_max_length the training length: sentence-transformers'
+        CrossEncoder reads that as its max_length (and Sigmoid as a one-logit model's activation)."""
+        from ..interop.hf import save_pretrained
+
+        tokenizer.model_max_length = self.seq_len
+        save_pretrained(model, out, tokenizer=tokenizer)
+
+    def evaluate(self, model) -> dict[str, float]:
+        run = rerank_run(model, self.tokenizer, self.dev, self.candidates, self.top_k, self.batch_size * 2)
+        return evaluate_run(run, self.dev.qrels)[0]
+
+
+def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
+    """(cross-encoder, task) for `finetune rerank` (`cfg`: a `RerankConfig`)."""
+    from pathlib import Path
+
+    from ..interop.hf import family_of, load_pretrained, read_config
+
+    data = read_tuples(train_path, cfg.train_split)
+    loss = rerank_loss_name(cfg.loss, data)
+    if model is None:
+        cls = family_of(cfg.model).head("sequence-classification")
+        if read_config(cfg.model).num_labels != 1 or cls.hf_architecture not in _architectures(Path(cfg.model)):
+            model = load_pretrained(cls, cfg.model, num_labels=1, id2label=None, label2id=None)
+        else:
+            model = load_pretrained(cls, cfg.model)
+    dev = read_retrieval_set(dev_path, cfg.dev_split)
+    if not cfg.candidates:
+        raise InputError("--candidates is required: the first stage's ranking of the --dev queries (a TREC run "
+                         "file, e.g. from bertforge evaluate retrieval --run)")
+    task = RerankTask(data, dev, read_run(cfg.candidates), tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed, loss,
+                      cfg.num_negatives, cfg.scale if cfg.scale is not None else 10.0, cfg.pos_weight, cfg.rerank_top_k)
+    return model, task
+
+
+def _architectures(path) -> list[str]:
+    import json
+
+    return json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []

@@ -1,0 +1,129 @@
+"""Rerankers: `finetune rerank` trains what sentence-transformers' CrossEncoder loads and scores the same, with its
+losses' values; `serve` reads CrossEncoder directories' activation; bad data is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+st = pytest.importorskip("sentence_transformers")
+from sentence_transformers import CrossEncoder  # noqa: E402
+
+from bertforge.cli import main  # noqa: E402
+
+TOPICS = ["rivers", "violins", "castles", "physics", "markets", "bicycles", "the moon", "tea", "football", "poetry",
+          "volcanoes", "chess"]
+
+
+def _relevance(path) -> list[float]:
+    from bertforge.server.service import Limits, Service
+
+    grad = torch.is_grad_enabled()
+    try:
+        return [s for s, _ in Service(str(path), Limits()).relevance(PAIRS)]
+    finally:
+        torch.set_grad_enabled(grad)
+
+
+PAIRS = [("what flows to the sea?", "Rivers flow to the sea."), ("who plays strings?", "A violinist plays."),
+         ("tea", "Green tea is brewed cool.")]
+
+
+@pytest.mark.parametrize("activation", ["Sigmoid", "Identity"])
+def test_cross_encoder_directories_are_served_with_their_activation(tmp_path, cross_encoder, activation):
+    model = CrossEncoder(str(cross_encoder), device="cpu", activation_fn=getattr(torch.nn, activation)())
+    model.save(str(tmp_path / "ce"))
+    expected = model.predict(PAIRS)
+    assert np.abs(np.array(_relevance(tmp_path / "ce")) - expected).max() < 1e-5
+
+
+@pytest.fixture(scope="module")
+def rerank_data(tmp_path_factory):
+    """Train rows (query, positive, negative), a dev BEIR folder and a first-stage run of its queries."""
+    root = tmp_path_factory.mktemp("rerank")
+    rows = [{"query": f"tell me about {t}", "positive": f"A page all about {t} and their history.",
+             "negative": f"A page about {TOPICS[(i + 3) % len(TOPICS)]} instead."} for i, t in enumerate(TOPICS[:8])]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    beir = root / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": f"Everything on {t}."}) + "\n"
+                                               for i, t in enumerate(TOPICS)))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": f"what about {t}?"}) + "\n"
+                                                for i, t in enumerate(TOPICS[8:], 8)))
+    (beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n"
+                                                                                    for i in range(8, 12)))
+    run = "".join(f"q{q} Q0 d{d} {r + 1} {1.0 - r / 10} first\n" for q in range(8, 12)
+                  for r, d in enumerate([(q + k) % 12 for k in range(1, 6)] + [q]))
+    (root / "candidates.trec").write_text(run)
+    return root
+
+
+def _train(model, data, out, *flags):
+    return main(["finetune", "rerank", "--model", str(model), "--train", str(data / "train.jsonl"), "--dev",
+                 str(data / "beir"), "--candidates", str(data / "candidates.trec"), "--batch-size", "4",
+                 "--seq-len", "40", "--precision", "fp32", "--matmul", "torch", "--out", str(out), "--json", *flags])
+
+
+def test_a_trained_reranker_loads_in_cross_encoder_with_equal_scores(tmp_path, cross_encoder, rerank_data, capsys):
+    out = tmp_path / "out"
+    assert _train(cross_encoder, rerank_data, out, "--lr", "1e-3", "--epochs", "2") == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["metric"] == "ndcg@10" and 0 <= result["ndcg@10"] <= 1
+    model = CrossEncoder(str(out), device="cpu")
+    assert model.max_length == 40 and isinstance(model.activation_fn, torch.nn.Sigmoid)
+    assert np.abs(np.array(_relevance(out)) - model.predict(PAIRS)).max() < 1e-5
+    # Scored with bertforge evaluate rerank, the selected model's nDCG@10 is the one the run reported.
+    assert main(["evaluate", "rerank", "--model", str(out), "--data", str(rerank_data / "beir"), "--split", "dev",
+                 "--candidates", str(rerank_data / "candidates.trec"), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored["ndcg@10"] == pytest.approx(result["ndcg@10"], abs=1e-6)
+
+
+def test_ranking_loss_equals_sentence_transformers(tmp_path, cross_encoder, rerank_data):
+    """With every other passage of the batch as a negative, the loss is sentence-transformers' on the same rows."""
+    from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
+
+    from bertforge.data.retrieval import read_tuples
+    from bertforge.interop.hf import load_pretrained
+    from bertforge import BertForSequenceClassification
+    from bertforge.retrieval.beir import read_beir
+    from bertforge.tasks.reranking import RerankTask
+    from bertforge.tokenization.kinds import load_tokenizer
+
+    data = read_tuples(str(rerank_data / "train.jsonl"))
+    tok = load_tokenizer(cross_encoder)
+    task = RerankTask(data, read_beir(rerank_data / "beir", "dev"), {}, tok, 40, 4, 0, "MultipleNegativesRankingLoss",
+                      100, 10.0, None, 10)
+    ours = load_pretrained(BertForSequenceClassification, cross_encoder).eval()
+    batch = task.micro_batch(0, 0)
+    loss, _ = task.loss(ours, batch)
+    rows = [data.rows[i] for i in task._epoch_batches(0)[0]]
+    theirs = CrossEncoder(str(cross_encoder), device="cpu", max_length=40)
+    theirs.eval()
+    expected = MultipleNegativesRankingLoss(theirs, num_negatives=None)(
+        [[r[c] for r in rows] for c in range(3)], torch.zeros(len(rows)))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("rows, flags, message", [
+    ([{"q": "a", "p": "b", "label": 2}], (), r"train.jsonl:1: label 2.0 lies outside \[0, 1\]"),
+    ([{"q": "a", "p": "b"}], ("--loss", "bce"), r"--loss BinaryCrossEntropyLoss trains on \(query, passage, label\)"),
+    ([{"q": "a", "p": "b", "label": 1}], ("--loss", "mnrl"), r"trains on \(query, positive\[, negatives...\]\) rows"),
+])
+def test_bad_data_is_refused_in_one_line(tmp_path, cross_encoder, rerank_data, capsys, rows, flags, message):
+    (tmp_path / "beir").symlink_to(rerank_data / "beir")
+    (tmp_path / "candidates.trec").symlink_to(rerank_data / "candidates.trec")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _train(cross_encoder, tmp_path, tmp_path / "out", *flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(message, err[0]), err
+
+
+def test_candidates_are_required(tmp_path, cross_encoder, rerank_data, capsys):
+    code = main(["finetune", "rerank", "--model", str(cross_encoder), "--train", str(rerank_data / "train.jsonl"),
+                 "--dev", str(rerank_data / "beir"), "--out", str(tmp_path / "out")])
+    assert code == 2 and "--candidates is required" in capsys.readouterr().err
