@@ -191,3 +191,39 @@ def test_a_beir_query_without_a_positive_is_refused(tmp_path):
 
     with pytest.raises(InputError, match=r"qrels/train.tsv: query 'q2' has no relevant document"):
         read_tuples(str(folder), "train")
+
+
+def test_gradcache_gives_the_uncached_gradients(st_dir, data):
+    """--mini-batch-size: the loss and every parameter's gradient equal the whole batch's, embedded 3 texts at a time
+    (with Matryoshka dimensions on top, as they compose)."""
+    from bertforge.retrieval.beir import from_pairs
+    from bertforge.tasks.embedding import EmbeddingTask, Prompts
+
+    rows = read_tuples(str(data / "train.jsonl"))
+    tok = load_tokenizer(st_dir)
+    for dims in ((), (24, 8)):
+        grads, values = [], []
+        for mini in (None, 3):
+            model = load_sentence_encoder(st_dir).eval()  # no dropout: the two paths draw their masks differently
+            task = EmbeddingTask(rows, from_pairs([("a", "b")], "-"), tok, 48, 8, 0, "MultipleNegativesRankingLoss",
+                                 None, "cosine", Prompts("query: "), mini_batch_size=mini, dims=dims)
+            loss, _ = task.loss(model, task.micro_batch(0, 0))
+            (loss / 2).backward()  # as the loop scales it for gradient accumulation
+            values.append(loss.item())
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        assert values[0] == pytest.approx(values[1], rel=1e-6)
+        assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+        for name in grads[0]:
+            torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_matryoshka_and_gradcache_settings_are_checked(tmp_path, st_dir, data, capsys):
+    for flags, message in ((("--matryoshka-dims", "64,8"), "64 is more than the model's 24 dimensions"),
+                           (("--matryoshka-dims", "8,8"), "must be distinct positive integers"),
+                           (("--mini-batch-size", "9"), r"mini_batch_size \(--mini-batch-size\) 9 must lie between 1 "
+                                                        r"and --batch-size \(8\)")):
+        assert _train(st_dir, data, tmp_path / "out", *flags) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        import re
+
+        assert len(err) == 1 and re.search(message, err[0]), err

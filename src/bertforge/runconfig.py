@@ -462,12 +462,34 @@ class EmbedConfig(RetrievalTrainConfig):
     normalize: bool = setting(False, "add a Normalize module (a sentence-transformers directory keeps its own)")
     query_prompt: str = setting("", "put before every query (a row's first text), saved as the prompt named 'query'")
     document_prompt: str = setting("", "put before every other text, saved as the prompt named 'document'")
+    mini_batch_size: int | None = setting(None, "GradCache (sentence-transformers' Cached* losses): embed this many "
+                                                "texts at a time, so memory stays flat in --batch-size while the "
+                                                "gradients are the whole batch's")
+    matryoshka_dims: str | None = setting(None, "e.g. 384,256,128,64: train every leading slice of the vectors to "
+                                                "work alone (MatryoshkaLoss: the loss summed over the slices)")
     out: str = setting("bertforge-embed", "output directory")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.similarity not in ("cosine", "dot"):
             raise ConfigError(f"{flag('similarity')} must be cosine or dot, not {self.similarity!r}")
+        if self.mini_batch_size is not None and not 1 <= self.mini_batch_size <= self.batch_size:
+            raise ConfigError(f"{flag('mini_batch_size')} {self.mini_batch_size} must lie between 1 and "
+                              f"--batch-size ({self.batch_size})")
+        self.dimensions()
+
+    def dimensions(self) -> tuple[int, ...]:
+        """--matryoshka-dims as distinct positive integers, largest first (none: ())."""
+        if not self.matryoshka_dims:
+            return ()
+        try:
+            dims = [int(d) for d in str(self.matryoshka_dims).split(",") if d.strip()]
+        except ValueError:
+            dims = []
+        if not dims or min(dims) < 1 or len(set(dims)) != len(dims):
+            raise ConfigError(f"{flag('matryoshka_dims')} must be distinct positive integers such as 384,256,128, "
+                              f"not {self.matryoshka_dims!r}")
+        return tuple(sorted(dims, reverse=True))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import ALIASES, LOSSES
+from .embedding_losses import ALIASES, LOSSES, cached
 
 
 @dataclass
@@ -83,13 +83,15 @@ class EmbeddingTask:
 
     def __init__(self, data: TupleData, dev: RetrievalSet, tokenizer: Tokenizer, seq_len: int, batch_size: int,
                  seed: int, loss: str, scale: float | None, similarity: str, prompts: Prompts,
-                 eval_batch_size: int = 64) -> None:
+                 eval_batch_size: int = 64, mini_batch_size: int | None = None,
+                 dims: tuple[int, ...] = ()) -> None:
         self.data, self.dev, self.tokenizer = data, dev, tokenizer
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.loss_name = loss
         self.loss_fn, _, default_scale = LOSSES[loss]
         self.scale = default_scale if scale is None else scale
         self.similarity, self.prompts, self.eval_batch_size = similarity, prompts, eval_batch_size
+        self.mini_batch_size, self.dims = mini_batch_size, dims
         for line, row in zip(data.lines, data.rows):
             if len(set(row)) != len(row):
                 raise InputError(f"{data.source}:{line}: one text in two columns (a positive equal to its anchor or "
@@ -137,10 +139,19 @@ class EmbeddingTask:
         return batch
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-        vectors = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        token_type_ids=batch["token_type_ids"])
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        scores = batch.get("scores")
+        if self.mini_batch_size:
+            return cached(model, inputs, self.mini_batch_size, lambda v: self.vectors_loss(v, scores)), {}
+        return self.vectors_loss(model(**inputs), scores), {}
+
+    def vectors_loss(self, vectors: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
+        """The loss of the batch's vectors float [C * B, D] (column by column); with Matryoshka dimensions, the sum
+        of the loss on each leading slice of the vectors (sentence-transformers' MatryoshkaLoss, weights 1)."""
         columns = list(vectors.float().chunk(len(self.data.columns)))
-        return self.loss_fn(columns, batch.get("scores"), self.scale, self.similarity), {}
+        if not self.dims:
+            return self.loss_fn(columns, scores, self.scale, self.similarity)
+        return sum(self.loss_fn([c[..., :d] for c in columns], scores, self.scale, self.similarity) for d in self.dims)
 
     @torch.no_grad()
     def embed(self, model: SentenceEncoder, texts: list[str], query: bool) -> np.ndarray:
@@ -190,6 +201,11 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
         own = sentence and (sentence.max_length or min(tokenizer.model_max_length, 1 << 30))
         if own:
             cfg.seq_len = min(own, model.config.max_sequence_length)
-    task = EmbeddingTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed,
-                         loss, cfg.scale, cfg.similarity, Prompts(cfg.query_prompt, cfg.document_prompt))
+    dims = cfg.dimensions()
+    if dims and dims[0] > model.dimension:
+        raise InputError(f"--matryoshka-dims {cfg.matryoshka_dims}: {dims[0]} is more than the model's "
+                         f"{model.dimension} dimensions")
+    task = EmbeddingTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size,
+                         cfg.seed, loss, cfg.scale, cfg.similarity, Prompts(cfg.query_prompt, cfg.document_prompt),
+                         mini_batch_size=cfg.mini_batch_size, dims=dims)
     return model, task

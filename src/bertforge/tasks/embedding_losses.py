@@ -8,6 +8,7 @@ torchrun job the in-batch candidates are gathered from every process with their 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -85,3 +86,42 @@ LOSSES: dict[str, tuple[Callable[..., torch.Tensor], bool, float]] = {
 ALIASES = {"mnrl": "MultipleNegativesRankingLoss", "in-batch": "MultipleNegativesRankingLoss",
            "mnrl-symmetric": "MultipleNegativesSymmetricRankingLoss", "cosent": "CoSENTLoss",
            "cosine": "CosineSimilarityLoss"}
+
+
+def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_size: int,
+           loss_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """GradCache (Gao et al., 2021; sentence-transformers' Cached* losses): the loss of a batch far larger than
+    memory allows, with the gradients of the uncached loss.
+
+    The batch's texts (`inputs`: long [N, T] each) are embedded `mini_batch_size` at a time without gradients;
+    `loss_of(vectors [N, D])` and its gradient with respect to the vectors are computed once; then, when the
+    returned value is backpropagated, each mini-batch is embedded again with gradients (its random state
+    replayed, so dropout draws the same masks) and backpropagated with its cached vector gradients. Activation
+    memory is one mini-batch's, whatever the batch size; the cost is one more forward per step.
+    """
+    rows = inputs["input_ids"].shape[0]
+    chunks = [slice(start, start + mini_batch_size) for start in range(0, rows, mini_batch_size)]
+    states, pieces = [], []
+    with torch.no_grad():
+        for chunk in chunks:
+            states.append(torch.get_rng_state())
+            pieces.append(model(**{k: v[chunk] for k, v in inputs.items()}).float())
+    vectors = torch.cat(pieces).requires_grad_()
+    with torch.enable_grad():
+        loss = loss_of(vectors)
+        (grads,) = torch.autograd.grad(loss, vectors)
+    value = loss.detach().requires_grad_()
+
+    def replay(grad_output: torch.Tensor) -> None:
+        after = torch.get_rng_state()
+        no_sync = getattr(model, "no_sync", None)  # DDP: reduce the gradients once, after the last mini-batch
+        for n, chunk in enumerate(chunks):
+            torch.set_rng_state(states[n])
+            sync = no_sync() if no_sync is not None and n < len(chunks) - 1 else contextlib.nullcontext()
+            with sync, torch.enable_grad():  # a backward hook runs with gradients off
+                out = model(**{k: v[chunk] for k, v in inputs.items()}).float()
+                (out * grads[chunk]).sum().mul(grad_output).backward()
+        torch.set_rng_state(after)
+
+    value.register_hook(replay)
+    return value
