@@ -43,6 +43,10 @@ class SentenceEncoder(nn.Module):
         if not pooling or bad:
             raise ValueError(f"unknown pooling {bad or pooling}; use {', '.join(POOLING_MODES)}")
         self.backbone = backbone
+        if getattr(backbone, "pooler", None) is not None:
+            # Unused by sentence vectors, so never trained (as in sentence-transformers); frozen, so that DDP does
+            # not wait for gradients it will never get. Its weights are still saved with the backbone.
+            backbone.pooler.requires_grad_(False)
         self.config = backbone.config
         self.pooling = tuple(pooling)
         self.dense = nn.ModuleList(dense or [])

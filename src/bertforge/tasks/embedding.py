@@ -24,7 +24,7 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import ALIASES, LOSSES, cached
+from .embedding_losses import ALIASES, LOSSES, cached, process_group
 
 
 @dataclass
@@ -118,24 +118,38 @@ class EmbeddingTask:
         return [{"input_ids": self._ids[(t, query)], "token_type_ids": [0] * len(self._ids[(t, query)])} for t in texts]
 
     def _batches(self, epoch: int) -> list[list[int]]:
+        """The epoch's global batches (--batch-size rows per process, without duplicate texts). In a torchrun job
+        the processes split each global batch, so their gathered negatives are exactly one process's on the same
+        global batch; a global batch too small to split evenly (the sampler's last ones) is left out there."""
         if self._epoch_batches is None or self._epoch_batches[0] != epoch:
-            self._epoch_batches = (epoch, unique_batches(self.data.rows, self.batch_size, self.seed, epoch))
+            world = process_group()[0]
+            batches = unique_batches(self.data.rows, self.batch_size * world, self.seed, epoch)
+            if world > 1:
+                batches = [b for b in batches if len(b) == self.batch_size * world]
+            self._epoch_batches = (epoch, batches)
         return self._epoch_batches[1]
 
     def micro_batches_per_epoch(self, epoch: int) -> int:
-        return len(self._batches(epoch))
+        return len(self._batches(epoch)) * process_group()[0]
+
+    def _rows_of(self, epoch: int, index: int) -> list[int]:
+        """The rows of micro-batch `index` (the loop gives process r the indices r, r + world, ...)."""
+        world = process_group()[0]
+        batch = self._batches(epoch)[index // world]
+        part = index % world
+        return batch[part * self.batch_size:(part + 1) * self.batch_size] if world > 1 else batch
 
     def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
         """Every text of the batch's rows, column by column (anchors, then positives, ...): one padded [C*B, T]
         batch; `scores` float [B] for scored pairs."""
-        rows = [self.data.rows[i] for i in self._batches(epoch)[index]]
+        chosen = self._rows_of(epoch, index)
+        rows = [self.data.rows[i] for i in chosen]
         features = []
         for c in range(len(self.data.columns)):
             features += self.features([r[c] for r in rows], query=c == 0)
         batch = collate(features, self.tokenizer.pad_token_id)
         if self.data.scores is not None:
-            batch["scores"] = torch.tensor([self.data.scores[i] for i in self._batches(epoch)[index]],
-                                           dtype=torch.float32)
+            batch["scores"] = torch.tensor([self.data.scores[i] for i in chosen], dtype=torch.float32)
         return batch
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:

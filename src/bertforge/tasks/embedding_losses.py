@@ -17,17 +17,25 @@ import torch.nn.functional as F
 from ..models.pooling import similarity
 
 
+def process_group() -> tuple[int, int]:
+    """(world size, rank) of the torchrun job this process is in; (1, 0) alone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
 def gather(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Every process's rows of `x` [B, D], concatenated in rank order with the gradient flowing back to each
     process's own rows, and where this process's rows start. Without a process group: (x, 0)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    world, rank = process_group()
+    if world == 1:
         return x, 0
     from torch.distributed.nn.functional import all_gather
 
     parts = all_gather(x.contiguous())
-    return torch.cat(parts), dist.get_rank() * x.shape[0]
+    return torch.cat(parts), rank * x.shape[0]
 
 
 def multiple_negatives_ranking(columns: list[torch.Tensor], scores: torch.Tensor | None, scale: float = 20.0,

@@ -30,6 +30,7 @@ from ..runconfig import TASKS, FinetuneConfig, TrainConfig, check_seq_len, fit_s
 from ..tasks import TASKS as TASK_BUILDERS
 from ..tokenization.kinds import load_tokenizer
 from ..tokenization.tokenizer import Tokenizer
+from . import distributed as dist
 from .engines import make_trainer
 from .runs import claim_output, report, save_run_config
 
@@ -84,7 +85,8 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
     with phase("reading and tokenising the data"), heads_from_checkpoint(resuming):
         model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
     results = train_and_export(cfg, out, model, task, tokenizer)
-    (out / "eval_results.json").write_text(dumps(results, indent=2) + "\n", encoding="utf-8")
+    if dist.is_main():
+        (out / "eval_results.json").write_text(dumps(results, indent=2) + "\n", encoding="utf-8")
     return results
 
 
@@ -93,7 +95,8 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
     """Train `model` on `task` with the run's settings, keep the best by the task's metric, write it to `out` in
     the Hugging Face layout (with the tokenizer) and its curves; returns the selected model's results.
     Shared by `finetune` and `distill`."""
-    save_run_config(out, cfg)
+    if dist.is_main():
+        save_run_config(out, cfg)
     # Evaluate every epoch unless --eval-every says otherwise; keep the best model by the task's metric.
     train_cfg = TrainConfig.of(cfg, out=str(out), eval_each_epoch=not cfg.eval_every,
                                select_metric=task.main_metric, greater_is_better=task.greater_is_better)
@@ -102,15 +105,17 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
     trainer = make_trainer(model, task, train_cfg, run_info, cfg.seq_len, tokenizer.pad_token_id)
     summary = trainer.fit(resume=cfg.resume and (out / "checkpoints").is_dir())
     trainer.restore_best()  # export the selected model, not the last one
-    if hasattr(task, "save"):  # a task with its own directory layout (an embedder's sentence-transformers modules)
-        task.save(model, out, tokenizer)
-    else:
-        save_pretrained(model, out, tokenizer=tokenizer)
-    # The loop's checkpoints (model + optimizer state) served the run; the export above is the result.
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    from ..viz import plot_curves
+    dist.barrier()  # every rank is past its last checkpoint before rank 0 removes them
+    if dist.is_main():  # in a torchrun job, rank 0 writes (every rank holds the same weights)
+        if hasattr(task, "save"):  # a task with its own directory layout (an embedder's sentence-transformers modules)
+            task.save(model, out, tokenizer)
+        else:
+            save_pretrained(model, out, tokenizer=tokenizer)
+        # The loop's checkpoints (model + optimizer state) served the run; the export above is the result.
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        from ..viz import plot_curves
 
-    plot_curves(out / "metrics.jsonl", out / "curves.png", title=title or f"fine-tuning ({cfg.task})")
+        plot_curves(out / "metrics.jsonl", out / "curves.png", title=title or f"fine-tuning ({cfg.task})")
     results = {"task": cfg.task, "metric": task.main_metric, "selected_step": summary["best_step"],
                **(summary["best_metrics"] or summary["eval"]), "seconds": round(summary["elapsed"], 1)}
     if summary.get("compile_seconds") is not None:  # --backend jax: the step's one-off compile, within seconds
@@ -126,7 +131,11 @@ def run_finetune(cfg: FinetuneConfig, as_json: bool = True) -> dict[str, Any]:
     The result is printed at the end: one JSON object with `as_json`, else a readable block.
     """
     _load_tokenizer(cfg)  # a missing model or tokenizer is refused before --out is touched
-    return run_seeds(cfg, _run_one, as_json, "fine-tuning")
+    dist.init()  # under torchrun: one run, its processes splitting each global batch
+    try:
+        return run_seeds(cfg, _run_one, as_json, "fine-tuning")
+    finally:
+        dist.cleanup()
 
 
 def run_seeds(cfg: FinetuneConfig, run_one: Callable[[Any, Path], dict[str, Any]], as_json: bool,
@@ -134,22 +143,26 @@ def run_seeds(cfg: FinetuneConfig, run_one: Callable[[Any, Path], dict[str, Any]
     """`run_one(cfg, out)` once in --out, or once per --seeds in OUT/seed-N with the mean and std of every
     figure in OUT/eval_results.json (finetune's and distill's)."""
     out = claim_output(cfg, extra=("seed-*",))
+    dist.barrier()  # every rank has checked --out as the user left it before rank 0 writes there
     if not cfg.seeds:
         result = run_one(cfg, out)
-        report(result, as_json, title=f"{what} done: the model is in {out}/")
+        if dist.is_main():
+            report(result, as_json, title=f"{what} done: the model is in {out}/")
         return result
     seeds = [int(s) for s in cfg.seeds.split(",") if s.strip()]
     runs = []
     for seed in seeds:
         one = type(cfg)(**{**asdict(cfg), "seed": seed, "seeds": None})
         runs.append(run_one(one, out / f"seed-{seed}"))
-        report({"seed": seed, **runs[-1]}, as_json, title=f"seed {seed}: the model is in {out / f'seed-{seed}'}/")
+        if dist.is_main():  # in a torchrun job, rank 0 reports
+            report({"seed": seed, **runs[-1]}, as_json, title=f"seed {seed}: the model is in {out / f'seed-{seed}'}/")
     keys = [k for k, v in runs[0].items() if isinstance(v, float)]
     summary = {"task": cfg.task, "seeds": seeds,
                **{k: {"mean": statistics.mean(r[k] for r in runs),
                       "std": statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0} for k in keys}}
-    (out / "eval_results.json").write_text(dumps(summary, indent=2) + "\n", encoding="utf-8")
-    report(summary, as_json, title=f"{what} done over {len(seeds)} seeds (mean and std)")
+    if dist.is_main():
+        (out / "eval_results.json").write_text(dumps(summary, indent=2) + "\n", encoding="utf-8")
+        report(summary, as_json, title=f"{what} done over {len(seeds)} seeds (mean and std)")
     return summary
 
 
