@@ -21,7 +21,7 @@ from bertforge.data.retrieval import read_tuples  # noqa: E402
 from bertforge.inference.pipelines import embed  # noqa: E402
 from bertforge.interop.sentence_dir import load_sentence_encoder, read_sentence_dir  # noqa: E402
 from bertforge.tasks.embedding import unique_batches  # noqa: E402
-from bertforge.tasks.embedding_losses import LOSSES  # noqa: E402
+from bertforge.tasks.embedding_losses import LOSSES, SCORED_PAIRS, SCORED_TUPLES  # noqa: E402
 from bertforge.tokenization.kinds import load_tokenizer  # noqa: E402
 
 WORDS = ("cat dog mat sits runs fast quick brown fox jumps lazy river bank money water city paris london "
@@ -75,11 +75,22 @@ def test_losses_equal_sentence_transformers():
     columns = [torch.randn(6, 8, dtype=torch.float64) for _ in range(3)]
     scores = torch.rand(6, dtype=torch.float64)
     model = st.SentenceTransformer(modules=[st.models.Normalize()], device="cpu")
-    for name, (fn, scored, scale) in LOSSES.items():
-        theirs = getattr(losses, name)(model)
-        used = columns[:2] if scored else columns
-        expected = theirs.compute_loss_from_embeddings(used, scores if scored else None)
-        assert fn(used, scores if scored else None, scale, "cosine").item() == pytest.approx(expected.item(), rel=1e-6), name  # it casts scores to float32
+    margins = torch.randn(6, 2, dtype=torch.float64)
+    teacher = torch.randn(6, 3, dtype=torch.float64)
+    cases = []
+    for name, (fn, rows, scale) in LOSSES.items():
+        if rows == SCORED_PAIRS:
+            cases.append((name, fn, scale, columns[:2], scores))
+        elif rows == SCORED_TUPLES:  # one margin per negative, or the teacher's scores (positive first)
+            four = columns + [torch.randn(6, 8, dtype=torch.float64)]
+            cases += [(name, fn, scale, four, margins), (name, fn, scale, four, teacher),
+                      (name, fn, scale, columns, scores)]
+        else:
+            cases.append((name, fn, scale, columns, None))
+    for name, fn, scale, used, labels in cases:
+        expected = getattr(losses, name)(model).compute_loss_from_embeddings(used, labels)
+        ours = fn(used, labels, scale, "cosine").item()
+        assert ours == pytest.approx(expected.item(), rel=1e-6), name  # CosineSimilarityLoss casts scores to float32
 
 
 def test_batches_never_hold_one_text_twice():
@@ -161,7 +172,13 @@ def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, st_dir, data)
 @pytest.mark.parametrize("rows, flags, message", [
     ([{"query": "a"}], (), r"train.jsonl: 1 text column \(query\)"),
     ([{"query": "a", "positive": " "}], (), r"train.jsonl:1: column 'positive' is empty"),
-    ([{"a": "x", "b": "y", "c": "z", "score": 1}], (), r"a 'score' column with 3 text columns"),
+    ([{"a": "x", "b": "y", "c": "z", "d": "w", "score": 1}], (), r"train.jsonl:1: column 'score' is 1; with 2 "
+                                                                  r"negatives give a list of 2 margins or 3 scores"),
+    ([{"a": "x", "b": "y", "c": "z", "score": [1, 2, 3]}], (), r"column 'score' holds 3 numbers; with 1 negatives"),
+    ([{"a": "x", "b": "y", "c": "z", "score": 1}, {"a": "u", "b": "v", "c": "w", "score": [1, 2]}], (),
+     r"train.jsonl:2: column 'score' holds \[1.0, 2.0\], unlike the first row's 1.0"),
+    ([{"a": "x", "b": "y", "c": "z", "score": 1}], ("--loss", "cosent"), r"--loss CoSENTLoss trains on scored pairs; "
+                                                                         r".* holds scored triplets: use MarginMSELoss"),
     ([{"a": "x", "b": "y", "score": "high"}], (), r"train.jsonl:1: column 'score' is 'high', not a number"),
     ([{"a": "x", "b": "y"}, {"a": "x", "c": "y"}], (), r"train.jsonl:2: columns a, c differ"),
     ([{"a": "x", "b": "x"}], (), r"train.jsonl:1: one text in two columns"),

@@ -81,6 +81,16 @@ def test_a_cross_encoder_rescores_and_random_sampling_is_seeded(tmp_path, minilm
         assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["scored_by"] == "cross-encoder"
         runs.append(out.read_text())
     assert runs[0] == runs[1] and runs[0] != runs[2]
+    # --scores: the cross-encoder's scores as a teacher's label (positive first), which finetune embed distils.
+    out = tmp_path / "scored.jsonl"
+    assert _mine(minilm_dir, root, out, "--cross-encoder", str(cross_encoder), "--num-negatives", "2", "--scores") == 0
+    capsys.readouterr()
+    from bertforge.tasks.embedding import loss_name
+
+    data = read_tuples(str(out))
+    assert data.shape == "scored 4-tuples" and loss_name(None, data) == "MarginMSELoss"
+    row = json.loads(out.read_text().splitlines()[0])
+    assert len(row["label"]) == 3 and row["label"][1] >= row["label"][2]  # negatives closest first, by the scorer
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -431,8 +431,8 @@ def evaluate_rerank(*, model: str, data: str, candidates: str, split: str = "tes
 def mine(*, model: str, data: str, out: str, split: str = "train", num_negatives: int = 3, range_min: int = 0,
          range_max: int = 100, absolute_margin: float | None = None, relative_margin: float | None = None,
          max_score: float | None = None, sampling: Literal["top", "random"] = "top",
-         cross_encoder: str | None = None, batch_size: int = 64, seed: int = 0, overwrite: bool = False,
-         json: bool = False) -> None:
+         cross_encoder: str | None = None, scores: bool = False, batch_size: int = 64, seed: int = 0,
+         overwrite: bool = False, json: bool = False) -> None:
     """Mine hard negatives: the n-tuples (query, positive, negative_1..n) that `finetune embed` trains on.
 
     Embeds --data's corpus and judged queries with --model, retrieves each query's closest documents
@@ -454,6 +454,7 @@ def mine(*, model: str, data: str, out: str, split: str = "train", num_negatives
         max_score: keep a candidate only if it scores at most this
         sampling: top (the closest that pass) or random (a seeded sample of them)
         cross_encoder: a cross-encoder directory whose scores replace the embedder's
+        scores: also write each row's scores as a `label` list (positive first): a teacher for MarginMSELoss
         batch_size: texts per forward pass
         seed: seed of --sampling random
         overwrite: replace an existing --out file
@@ -465,7 +466,7 @@ def mine(*, model: str, data: str, out: str, split: str = "train", num_negatives
         raise BertforgeError(f"{out}: exists; pass --overwrite to replace it")
     settings = MineSettings(num_negatives, range_min, range_max, absolute_margin, relative_margin, max_score, sampling)
     show(run_mine(model, data, out, settings, split=split, cross_encoder=cross_encoder, batch_size=batch_size,
-                  seed=seed), json, f"hard negatives written to {out}")
+                  seed=seed, with_scores=scores), json, f"hard negatives written to {out}")
 
 
 @command(app, "squad-retrieval")

@@ -2,7 +2,9 @@
 
 A file's text columns are, in order, the anchor (the query), the positive, then any negatives:
 two columns are pairs, three are triplets, more are n-tuples. A column named `label` or `score`
-holds a number instead, and makes the rows scored pairs (text1, text2, score). The formats:
+holds numbers instead: with two texts, the pair's score (text1, text2, score); with negatives, a
+teacher's margins for distillation (one per negative, positive minus negative) or its scores (the
+positive's, then each negative's). The formats:
 
 - JSONL: one object per line, every line with the first line's keys, in any order.
 - TSV (tab-separated, no quoting) and CSV: a header row naming the columns.
@@ -21,6 +23,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import InputError
 from .io import jsonl_records, read_text
 
@@ -33,15 +37,14 @@ class TupleData:
 
     columns: list[str]  # the text columns' names, in order
     rows: list[tuple[str, ...]]
-    scores: list[float] | None
+    scores: list[float] | list[float | list[float]] | None  # per row: a pair's score, or a tuple's teacher margins
     lines: list[int]  # each row's line in its file (1-based; the judgement's line for a BEIR folder)
     source: str
 
     @property
     def shape(self) -> str:
-        if self.scores is not None:
-            return "scored pairs"
-        return {2: "pairs", 3: "triplets"}.get(len(self.columns), f"{len(self.columns)}-tuples")
+        name = {2: "pairs", 3: "triplets"}.get(len(self.columns), f"{len(self.columns)}-tuples")
+        return f"scored {name}" if self.scores is not None else name
 
 
 def read_tuples(path: str, split: str = "train") -> TupleData:
@@ -81,9 +84,6 @@ def _from_records(records: list[tuple[int, dict]], source: str) -> TupleData:
     if len(texts) < 2:
         raise InputError(f"{source}: {len(texts)} text column{'' if len(texts) == 1 else 's'} ({', '.join(texts) or 'none'}); "
                          "training needs (anchor, positive[, negatives...]) or (text1, text2, score)")
-    if score_keys and len(texts) != 2:
-        raise InputError(f"{source}: a '{score_keys[0]}' column with {len(texts)} text columns; scored rows are "
-                         "(text1, text2, score)")
     rows, scores, lines = [], [] if score_keys else None, []
     for number, record in records:
         if set(record) != set(keys):
@@ -98,17 +98,37 @@ def _from_records(records: list[tuple[int, dict]], source: str) -> TupleData:
                 raise InputError(f"{source}:{number}: column '{key}' is empty")
             row.append(value)
         if scores is not None:
-            value = record[score_keys[0]]
-            try:
-                score = float(value)
-            except (TypeError, ValueError):
-                score = math.nan
-            if isinstance(value, bool) or not math.isfinite(score):
-                raise InputError(f"{source}:{number}: column '{score_keys[0]}' is {value!r}, not a number")
-            scores.append(score)
+            scores.append(_score(record[score_keys[0]], len(texts), f"{source}:{number}: column '{score_keys[0]}'"))
         rows.append(tuple(row))
         lines.append(number)
+        if scores and np.shape(scores[-1]) != np.shape(scores[0]):
+            raise InputError(f"{source}:{number}: column '{score_keys[0]}' holds {scores[-1]!r}, unlike the first "
+                             f"row's {scores[0]!r}; give every row the same kind of score")
     return TupleData(texts, rows, scores, lines, source)
+
+
+def _number(value, where: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise InputError(f"{where} is {value!r}, not a number")
+    return number
+
+
+def _score(value, texts: int, where: str) -> float | list[float]:
+    """A row's score: one number for a pair (its similarity) or a triplet (the teacher's margin); for n-tuples a
+    list of the teacher's margins (one per negative) or of its scores (the positive's, then each negative's)."""
+    if texts == 2 or not isinstance(value, list):
+        if texts > 3:
+            raise InputError(f"{where} is {value!r}; with {texts - 2} negatives give a list of {texts - 2} margins or "
+                             f"{texts - 1} scores")
+        return _number(value, where)
+    if len(value) not in (texts - 2, texts - 1):
+        raise InputError(f"{where} holds {len(value)} numbers; with {texts - 2} negatives give {texts - 2} margins "
+                         f"(positive minus each negative) or {texts - 1} scores (the positive's, then the negatives')")
+    return [_number(v, where) for v in value]
 
 
 def _from_beir(folder: Path, split: str) -> TupleData:

@@ -68,9 +68,11 @@ def choose(candidates: list[tuple[str, float]], positive_score: float, s: MineSe
 
 def run_mine(model_dir: str, data_path: str, out: str, settings: MineSettings, split: str = "train",
              cross_encoder: str | None = None, batch_size: int = 64, seed: int = 0,
-             query_prompt: str | None = None, document_prompt: str | None = None) -> dict[str, Any]:
+             query_prompt: str | None = None, document_prompt: str | None = None,
+             with_scores: bool = False) -> dict[str, Any]:
     """Mine `data_path`'s `split` with `model_dir`; write one JSONL row (query, positive, negative_1..n) per
-    (query, positive) with enough negatives to `out`; returns counts and mean scores."""
+    (query, positive) with enough negatives to `out` (with `with_scores`, a `label` list too: the positive's score, then
+    each negative's, by the cross-encoder when given: MarginMSE's teacher); returns counts and mean scores."""
     settings.check()
     data = read_retrieval_set(data_path, split)
     where = str(Path(data_path) / "qrels" / f"{split}.tsv") if Path(data_path).is_dir() else data_path
@@ -102,9 +104,11 @@ def run_mine(model_dir: str, data_path: str, out: str, settings: MineSettings, s
                 continue
             row = {"query": data.queries[qid], "positive": data.corpus[pid]}
             row.update({f"negative_{k + 1}": data.corpus[d] for k, d in enumerate(chosen)})
+            chosen_scores = dict(candidates_of[qid])
+            if with_scores:
+                row["label"] = [positive_of[(qid, pid)]] + [chosen_scores[d] for d in chosen]
             rows.append(json.dumps(row, ensure_ascii=False) + "\n")
             positive_scores.append(positive_of[(qid, pid)])
-            chosen_scores = dict(candidates_of[qid])
             negative_scores += [chosen_scores[d] for d in chosen]
     if not rows:
         raise InputError(f"no (query, positive) pair kept {settings.num_negatives} negatives; widen --range-max or "

@@ -24,7 +24,8 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import ALIASES, LOSSES, cached, process_group
+from .embedding_losses import (ALIASES, DEFAULT_LOSS, LOSSES, SCORED_PAIRS, SCORED_TUPLES, cached, data_kind,
+                               process_group)
 
 
 @dataclass
@@ -39,20 +40,20 @@ class Prompts:
         return {name: text for name, text in (("query", self.query), ("document", self.document)) if text}
 
 
-def loss_name(name: str, data: TupleData) -> str:
+def loss_name(name: str | None, data: TupleData) -> str:
     """The sentence-transformers class name of `--loss` (a short alias is accepted), checked against the data's
-    shape; None picks in-batch negatives for pairs and tuples, CoSENT for scored pairs."""
+    shape; None picks in-batch negatives for rows, CoSENT for scored pairs, MarginMSE for a teacher's scores."""
+    kind = data_kind(len(data.columns), data.scores is not None)
     if name is None:
-        return "CoSENTLoss" if data.scores is not None else "MultipleNegativesRankingLoss"
+        return DEFAULT_LOSS[kind]
     full = ALIASES.get(name, name)
     if full not in LOSSES:
         raise InputError(f"--loss {name}: use one of {', '.join(LOSSES)} (or {', '.join(ALIASES)})")
-    needs_scores = LOSSES[full][1]
-    if needs_scores and data.scores is None:
-        raise InputError(f"--loss {full} trains on scored pairs (text1, text2, score); {data.source} holds {data.shape}")
-    if not needs_scores and data.scores is not None:
-        raise InputError(f"--loss {full} trains on (anchor, positive[, negatives]) rows; {data.source} holds scored "
-                         "pairs: use CoSENTLoss or CosineSimilarityLoss")
+    wanted = LOSSES[full][1]
+    if wanted != kind:
+        raise InputError(f"--loss {full} trains on {wanted}; {data.source} holds {data.shape}"
+                         + {SCORED_PAIRS: ": use CoSENTLoss or CosineSimilarityLoss",
+                            SCORED_TUPLES: ": use MarginMSELoss"}.get(kind, ""))
     return full
 
 

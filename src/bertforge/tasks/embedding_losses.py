@@ -74,6 +74,21 @@ def cosine_similarity(columns: list[torch.Tensor], scores: torch.Tensor, scale: 
     return F.mse_loss(_paired(columns[0], columns[1], "cosine"), scores.to(columns[0].dtype))
 
 
+def margin_mse(columns: list[torch.Tensor], scores: torch.Tensor, scale: float = 1.0, kind: str = "dot") -> torch.Tensor:
+    """MarginMSELoss (distillation from a cross-encoder): the squared error between the student's margins
+    dot(q, positive) - dot(q, negative_i) and the teacher's. `scores` float [B] (one negative), [B, n] (the
+    teacher's margins) or [B, n + 1] (its scores: the positive's, then the negatives'). Dot product, as
+    sentence-transformers computes it whatever the model's similarity."""
+    query, positive, negatives = columns[0], columns[1], columns[2:]
+    labels = scores.to(query.dtype)
+    labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
+    if labels.shape[1] == len(negatives) + 1:
+        labels = labels[:, :1] - labels[:, 1:]
+    positive_score = (query * positive).sum(-1)
+    margins = torch.stack([positive_score - (query * n).sum(-1) for n in negatives], dim=1)
+    return F.mse_loss(margins, labels.detach())
+
+
 def _paired(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:
     """Row i of a against row i of b: float [B]."""
     if kind == "cosine":
@@ -83,17 +98,28 @@ def _paired(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:
     return similarity(a, b, kind).diagonal()
 
 
-# name -> (function(columns, scores, scale, similarity kind), needs scores, default scale). sentence-transformers' class names, and short ones.
-LOSSES: dict[str, tuple[Callable[..., torch.Tensor], bool, float]] = {
-    "MultipleNegativesRankingLoss": (multiple_negatives_ranking, False, 20.0),
+# The rows each loss trains on (`data_kind`).
+ROWS, SCORED_PAIRS, SCORED_TUPLES = "(anchor, positive[, negatives...]) rows", "scored pairs", "scored tuples"
+
+# name -> (function(columns, scores, scale, similarity kind), the rows it trains on, default scale).
+# sentence-transformers' class names, and short aliases.
+LOSSES: dict[str, tuple[Callable[..., torch.Tensor], str, float]] = {
+    "MultipleNegativesRankingLoss": (multiple_negatives_ranking, ROWS, 20.0),
     "MultipleNegativesSymmetricRankingLoss": (
-        lambda columns, scores, scale, kind: multiple_negatives_ranking(columns, scores, scale, kind, True), False, 20.0),
-    "CoSENTLoss": (cosent, True, 20.0),
-    "CosineSimilarityLoss": (cosine_similarity, True, 1.0),
+        lambda columns, scores, scale, kind: multiple_negatives_ranking(columns, scores, scale, kind, True), ROWS, 20.0),
+    "CoSENTLoss": (cosent, SCORED_PAIRS, 20.0),
+    "CosineSimilarityLoss": (cosine_similarity, SCORED_PAIRS, 1.0),
+    "MarginMSELoss": (margin_mse, SCORED_TUPLES, 1.0),
 }
 ALIASES = {"mnrl": "MultipleNegativesRankingLoss", "in-batch": "MultipleNegativesRankingLoss",
            "mnrl-symmetric": "MultipleNegativesSymmetricRankingLoss", "cosent": "CoSENTLoss",
-           "cosine": "CosineSimilarityLoss"}
+           "cosine": "CosineSimilarityLoss", "margin-mse": "MarginMSELoss"}
+DEFAULT_LOSS = {ROWS: "MultipleNegativesRankingLoss", SCORED_PAIRS: "CoSENTLoss", SCORED_TUPLES: "MarginMSELoss"}
+
+
+def data_kind(columns: int, scored: bool) -> str:
+    """Which rows a file holds: plain rows, scored pairs, or tuples with a teacher's scores."""
+    return ROWS if not scored else SCORED_PAIRS if columns == 2 else SCORED_TUPLES
 
 
 def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_size: int,

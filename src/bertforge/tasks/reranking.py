@@ -21,6 +21,7 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.tokenizer import Tokenizer
+from .embedding_losses import SCORED_PAIRS, SCORED_TUPLES, data_kind
 
 # name -> needs scored pairs. sentence-transformers' cross-encoder loss names.
 RERANK_LOSSES = {"BinaryCrossEntropyLoss": True, "MultipleNegativesRankingLoss": False}
@@ -29,12 +30,17 @@ RERANK_ALIASES = {"bce": "BinaryCrossEntropyLoss", "mnrl": "MultipleNegativesRan
 
 def rerank_loss_name(name: str | None, data: TupleData) -> str:
     """`--loss` as a sentence-transformers cross-encoder loss name, checked against the data's shape."""
+    kind = data_kind(len(data.columns), data.scores is not None)
+    if kind == SCORED_TUPLES:
+        raise InputError(f"{data.source} holds {data.shape} (a teacher's scores): distilling a reranker from them "
+                         "(MarginMSE, KL) is not implemented yet; give (query, passage, label) or (query, positive"
+                         "[, negatives...]) rows")
     if name is None:
-        return "BinaryCrossEntropyLoss" if data.scores is not None else "MultipleNegativesRankingLoss"
+        return "BinaryCrossEntropyLoss" if kind == SCORED_PAIRS else "MultipleNegativesRankingLoss"
     full = RERANK_ALIASES.get(name, name)
     if full not in RERANK_LOSSES:
         raise InputError(f"--loss {name}: use one of {', '.join(RERANK_LOSSES)} (or {', '.join(RERANK_ALIASES)})")
-    if RERANK_LOSSES[full] != (data.scores is not None):
+    if RERANK_LOSSES[full] != (kind == SCORED_PAIRS):
         want = "(query, passage, label) rows" if RERANK_LOSSES[full] else "(query, positive[, negatives...]) rows"
         raise InputError(f"--loss {full} trains on {want}; {data.source} holds {data.shape}")
     return full
