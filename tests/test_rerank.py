@@ -111,8 +111,10 @@ def test_ranking_loss_equals_sentence_transformers(tmp_path, cross_encoder, rera
 
 @pytest.mark.parametrize("rows, flags, message", [
     ([{"q": "a", "p": "b", "label": 2}], (), r"train.jsonl:1: label 2.0 lies outside \[0, 1\]"),
-    ([{"q": "a", "p": "b"}], ("--loss", "bce"), r"--loss BinaryCrossEntropyLoss trains on \(query, passage, label\)"),
-    ([{"q": "a", "p": "b", "label": 1}], ("--loss", "mnrl"), r"trains on \(query, positive\[, negatives...\]\) rows"),
+    ([{"q": "a", "p": "b"}], ("--loss", "bce"), r"--loss BinaryCrossEntropyLoss trains on scored pairs; .* holds pairs"),
+    ([{"q": "a", "p": "b", "label": 1}], ("--loss", "mnrl"), r"trains on \(anchor, positive\[, negatives...\]\) rows"),
+    ([{"q": "a", "p": "b", "n": "c", "label": 0.5}], ("--loss", "listnet"), r"ListNetLoss needs the teacher's "
+                                                                                  r"score of every passage"),
 ])
 def test_bad_data_is_refused_in_one_line(tmp_path, cross_encoder, rerank_data, capsys, rows, flags, message):
     (tmp_path / "beir").symlink_to(rerank_data / "beir")
@@ -127,3 +129,38 @@ def test_candidates_are_required(tmp_path, cross_encoder, rerank_data, capsys):
     code = main(["finetune", "rerank", "--model", str(cross_encoder), "--train", str(rerank_data / "train.jsonl"),
                  "--dev", str(rerank_data / "beir"), "--out", str(tmp_path / "out")])
     assert code == 2 and "--candidates is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["MarginMSELoss", "ListNetLoss"])
+def test_distillation_losses_equal_sentence_transformers(cross_encoder, rerank_data, tmp_path, name):
+    """Rows with a teacher's scores (positive first, as `mine --scores` writes them): MarginMSE on the logits'
+    margins and ListNet on the scores' distribution give sentence-transformers' values."""
+    from sentence_transformers.cross_encoder import losses
+
+    from bertforge import BertForSequenceClassification
+    from bertforge.data.retrieval import read_tuples
+    from bertforge.interop.hf import load_pretrained
+    from bertforge.retrieval.beir import read_beir
+    from bertforge.tasks.reranking import RerankTask, rerank_loss_name
+    from bertforge.tokenization.kinds import load_tokenizer
+
+    rng = np.random.default_rng(0)
+    rows = [{"query": f"about {t}?", "positive": f"All on {t}.", "negative_1": f"Some {TOPICS[i - 1]}.",
+             "negative_2": f"Not {TOPICS[i - 2]}.", "label": [float(x) for x in rng.normal(size=3)]}
+            for i, t in enumerate(TOPICS[:6])]
+    (tmp_path / "scored.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = read_tuples(str(tmp_path / "scored.jsonl"))
+    assert rerank_loss_name(None, data) == "MarginMSELoss" and rerank_loss_name(name, data) == name
+    task = RerankTask(data, read_beir(rerank_data / "beir", "dev"), {}, load_tokenizer(cross_encoder), 40, 6, 0, name,
+                      0, 10.0, None, 10)
+    ours, _ = task.loss(load_pretrained(BertForSequenceClassification, cross_encoder).eval(), task.micro_batch(0, 0))
+    order = [data.rows[i] for i in task._epoch_batches(0)[0]]
+    labels = [data.scores[i] for i in task._epoch_batches(0)[0]]
+    model = CrossEncoder(str(cross_encoder), device="cpu", max_length=40)
+    model.eval()
+    if name == "ListNetLoss":
+        expected = losses.ListNetLoss(model)([[r[0] for r in order], [list(r[1:]) for r in order]],
+                                             [torch.tensor(y) for y in labels])
+    else:
+        expected = losses.MarginMSELoss(model)([[r[c] for r in order] for c in range(4)], torch.tensor(labels))
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)

@@ -80,13 +80,17 @@ def margin_mse(columns: list[torch.Tensor], scores: torch.Tensor, scale: float =
     teacher's margins) or [B, n + 1] (its scores: the positive's, then the negatives'). Dot product, as
     sentence-transformers computes it whatever the model's similarity."""
     query, positive, negatives = columns[0], columns[1], columns[2:]
-    labels = scores.to(query.dtype)
-    labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
-    if labels.shape[1] == len(negatives) + 1:
-        labels = labels[:, :1] - labels[:, 1:]
     positive_score = (query * positive).sum(-1)
     margins = torch.stack([positive_score - (query * n).sum(-1) for n in negatives], dim=1)
-    return F.mse_loss(margins, labels.detach())
+    return F.mse_loss(margins, margin_targets(scores, len(negatives)).to(margins.dtype))
+
+
+def margin_targets(scores: torch.Tensor, negatives: int) -> torch.Tensor:
+    """A teacher's margins float [B, negatives] from what a row gives: one margin [B], the margins [B, n], or the
+    scores [B, n + 1] (the positive's first), as sentence-transformers' MarginMSE losses read them."""
+    labels = scores.detach()
+    labels = labels.unsqueeze(1) if labels.dim() == 1 else labels
+    return labels[:, :1] - labels[:, 1:] if labels.shape[1] == negatives + 1 else labels
 
 
 def _paired(a: torch.Tensor, b: torch.Tensor, kind: str) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 Rows are read by column shape (`data/retrieval.py`): scored pairs (query, passage, label) train with binary
 cross-entropy; (query, positive[, negatives...]) rows with MultipleNegativesRankingLoss, where each query must
-score its positive above its own negatives and `num_negatives` other rows' passages drawn from the batch. Every
+score its positive above its own negatives and `num_negatives` other rows' passages drawn from the batch; rows with
+a teacher's scores (`mine --scores`) distil them with MarginMSELoss or ListNetLoss (listwise). Every
 pair of a batch goes through the model in one forward. Evaluation reranks a first stage's candidates (a TREC run
 file, e.g. from `evaluate retrieval --run`) and scores the new ranking as trec_eval does; nDCG@10 selects.
 """
@@ -21,28 +22,30 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import SCORED_PAIRS, SCORED_TUPLES, data_kind
+from .embedding_losses import ROWS, SCORED_PAIRS, SCORED_TUPLES, data_kind, margin_targets
 
-# name -> needs scored pairs. sentence-transformers' cross-encoder loss names.
-RERANK_LOSSES = {"BinaryCrossEntropyLoss": True, "MultipleNegativesRankingLoss": False}
-RERANK_ALIASES = {"bce": "BinaryCrossEntropyLoss", "mnrl": "MultipleNegativesRankingLoss"}
+# name -> the rows it trains on. sentence-transformers' cross-encoder loss names.
+RERANK_LOSSES = {"BinaryCrossEntropyLoss": SCORED_PAIRS, "MultipleNegativesRankingLoss": ROWS,
+                 "MarginMSELoss": SCORED_TUPLES, "ListNetLoss": SCORED_TUPLES}
+RERANK_ALIASES = {"bce": "BinaryCrossEntropyLoss", "mnrl": "MultipleNegativesRankingLoss", "margin-mse": "MarginMSELoss",
+                  "listnet": "ListNetLoss"}
+DEFAULT_RERANK_LOSS = {SCORED_PAIRS: "BinaryCrossEntropyLoss", ROWS: "MultipleNegativesRankingLoss",
+                       SCORED_TUPLES: "MarginMSELoss"}
 
 
 def rerank_loss_name(name: str | None, data: TupleData) -> str:
     """`--loss` as a sentence-transformers cross-encoder loss name, checked against the data's shape."""
     kind = data_kind(len(data.columns), data.scores is not None)
-    if kind == SCORED_TUPLES:
-        raise InputError(f"{data.source} holds {data.shape} (a teacher's scores): distilling a reranker from them "
-                         "(MarginMSE, KL) is not implemented yet; give (query, passage, label) or (query, positive"
-                         "[, negatives...]) rows")
     if name is None:
-        return "BinaryCrossEntropyLoss" if kind == SCORED_PAIRS else "MultipleNegativesRankingLoss"
+        return DEFAULT_RERANK_LOSS[kind]
     full = RERANK_ALIASES.get(name, name)
     if full not in RERANK_LOSSES:
         raise InputError(f"--loss {name}: use one of {', '.join(RERANK_LOSSES)} (or {', '.join(RERANK_ALIASES)})")
-    if RERANK_LOSSES[full] != (kind == SCORED_PAIRS):
-        want = "(query, passage, label) rows" if RERANK_LOSSES[full] else "(query, positive[, negatives...]) rows"
-        raise InputError(f"--loss {full} trains on {want}; {data.source} holds {data.shape}")
+    if RERANK_LOSSES[full] != kind:
+        raise InputError(f"--loss {full} trains on {RERANK_LOSSES[full]}; {data.source} holds {data.shape}")
+    if full == "ListNetLoss" and np.size(data.scores[0]) != len(data.columns) - 1:
+        raise InputError(f"--loss ListNetLoss needs the teacher's score of every passage (the positive's, then each "
+                         f"negative's: {len(data.columns) - 1} per row); {data.source} gives margins")
     return full
 
 
@@ -90,6 +93,11 @@ class RerankTask:
             batch["scores"] = torch.tensor([self.data.scores[i] for i in chosen], dtype=torch.float32)
             return batch
         columns = [[r[c] for r in rows] for c in range(1, len(self.data.columns))]
+        if self.data.scores is not None:  # a teacher's scores: the row's own passages, positive first
+            batch = self._collate([(rows[a][0], column[a]) for column in columns for a in range(len(rows))])
+            batch["candidates"] = torch.tensor([len(columns)])
+            batch["scores"] = torch.tensor([self.data.scores[i] for i in chosen], dtype=torch.float32)
+            return batch
         flat = [text for column in columns for text in column]  # every passage of the batch, column by column
         B, C = len(rows), len(columns)
         rng = np.random.default_rng([self.seed, 31, epoch, index])
@@ -114,6 +122,11 @@ class RerankTask:
             weight = None if self.pos_weight is None else torch.tensor(self.pos_weight, device=logits.device)
             return F.binary_cross_entropy_with_logits(logits, batch["scores"], pos_weight=weight), {}
         grid = logits.view(int(batch["candidates"]), -1).T  # [B, candidates]: the positive first
+        if self.loss_name == "MarginMSELoss":  # the logits' margins against the teacher's
+            margins = grid[:, :1] - grid[:, 1:]
+            return F.mse_loss(margins, margin_targets(batch["scores"], margins.shape[1])), {}
+        if self.loss_name == "ListNetLoss":  # the teacher's distribution over the row's passages, as soft targets
+            return F.cross_entropy(grid, batch["scores"].softmax(dim=1)), {}
         scores = torch.sigmoid(grid) * self.scale  # sentence-transformers' activation and scale
         return F.cross_entropy(scores, torch.zeros(grid.shape[0], dtype=torch.long, device=grid.device)), {}
 
