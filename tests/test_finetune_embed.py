@@ -136,6 +136,10 @@ def test_trained_directory_loads_in_sentence_transformers_with_equal_vectors(tmp
     expected = theirs.encode(texts, prompt_name="query", convert_to_numpy=True)
     served /= np.linalg.norm(served, axis=1, keepdims=True)  # the route applies the final Normalize itself
     assert np.abs(served - expected).max() < 1e-5
+    card = (out / "README.md").read_text()  # the model card: data, loss, settings and results of the run
+    for fact in ("70 rows of pairs", "loss: MultipleNegativesRankingLoss", "query prompt: query: ",
+                 f"| ndcg@10 | {result['ndcg@10']:.4f} |", 'prompt_name="query"'):
+        assert fact in card, fact
     # The Dense layer trained: its weights moved from the starting directory's.
     start = load_sentence_encoder(st_dir)
     assert not torch.equal(start.dense[0].linear.weight, encoder.dense[0].linear.weight)

@@ -73,6 +73,8 @@ def test_a_trained_reranker_loads_in_cross_encoder_with_equal_scores(tmp_path, c
     assert _train(cross_encoder, rerank_data, out, "--lr", "1e-3", "--epochs", "2") == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["metric"] == "ndcg@10" and 0 <= result["ndcg@10"] <= 1
+    card = (out / "README.md").read_text()
+    assert "8 rows of triplets" in card and f"| ndcg@10 | {result['ndcg@10']:.4f} |" in card
     model = CrossEncoder(str(out), device="cpu")
     assert model.max_length == 40 and isinstance(model.activation_fn, torch.nn.Sigmoid)
     assert np.abs(np.array(_relevance(out)) - model.predict(PAIRS)).max() < 1e-5

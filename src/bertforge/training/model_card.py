@@ -1,0 +1,77 @@
+"""The README.md model card of a trained embedder or reranker: what it was trained on, how, and how it scored.
+
+sentence-transformers writes such a card beside every model it saves, and the Hugging Face Hub shows it;
+this one carries the facts a reader needs to reuse or reproduce the model, from the run's own settings
+and results (nothing in it is typed by hand).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..jsonfile import dumps
+
+_USAGE = {
+    "embed": '''```python
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("{path}")
+queries = model.encode(["how do tides work?"]{query_prompt})
+documents = model.encode(["Tides are caused by the moon's gravity."]{document_prompt})
+print(model.similarity(queries, documents))
+```''',
+    "rerank": '''```python
+from sentence_transformers import CrossEncoder
+
+model = CrossEncoder("{path}")
+print(model.predict([("how do tides work?", "Tides are caused by the moon's gravity.")]))
+```''',
+}
+
+
+def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) -> None:
+    """OUT/README.md for `finetune embed` or `finetune rerank` (`cfg` the run's config, `task` its task)."""
+    kind = cfg.task
+    data = task.data
+    settings = {"loss": task.loss_name, "batch size": cfg.batch_size, "learning rate": cfg.lr,
+                "epochs": cfg.epochs, "max steps": cfg.max_steps, "warmup": cfg.warmup,
+                "weight decay": cfg.weight_decay, "max sequence length": task.seq_len, "seed": cfg.seed,
+                "precision": cfg.precision}
+    if kind == "embed":
+        settings.update({"similarity": task.similarity, "scale": task.scale,
+                         "GradCache mini-batch": task.mini_batch_size, "Matryoshka dimensions": list(task.dims) or None,
+                         "query prompt": task.prompts.query or None, "document prompt": task.prompts.document or None})
+    else:
+        settings.update({"in-batch negatives per query": cfg.num_negatives if task.loss_name ==
+                         "MultipleNegativesRankingLoss" else None, "positive weight": cfg.pos_weight,
+                         "candidates reranked": cfg.rerank_top_k})
+    metrics = {k: v for k, v in results.items() if isinstance(v, float) and k != "seconds"}
+    tags = ("sentence-transformers, sentence-similarity, feature-extraction" if kind == "embed"
+            else "sentence-transformers, cross-encoder, text-ranking")
+    pipeline = "sentence-similarity" if kind == "embed" else "text-ranking"
+    prompts = task.prompts.named() if kind == "embed" else {}
+    lines = [
+        "---", "library_name: sentence-transformers", f"pipeline_tag: {pipeline}", f"tags: [{tags}, bertforge]",
+        f"base_model: {cfg.model}", "---", "",
+        f"# {'An embedder' if kind == 'embed' else 'A reranker'} trained with bertforge", "",
+        f"Fine-tuned from `{cfg.model}` with `bertforge finetune {kind}`"
+        + (" (a bi-encoder: one vector per text)." if kind == "embed" else
+           " (a cross-encoder: one relevance score per (query, passage) pair)."), "",
+        "## Training data", "",
+        f"- `{data.source}`: {len(data.rows):,} rows of {data.shape} (columns: {', '.join(data.columns)})", "",
+        "## Training settings", "",
+        *[f"- {name}: {value}" for name, value in settings.items() if value is not None], "",
+        "## Evaluation", "",
+        f"On `{cfg.dev}`" + (f" (its `{cfg.dev_split}` qrels)" if Path(cfg.dev).is_dir() else "")
+        + f", the selected step ({results.get('selected_step')}) scored, as trec_eval computes the measures:", "",
+        "| measure | value |", "|---|---:|", *[f"| {k} | {v:.4f} |" for k, v in metrics.items()], "",
+        "## Usage", "",
+        _USAGE[kind].format(path=out.name, query_prompt=', prompt_name="query"' if "query" in prompts else "",
+                            document_prompt=', prompt_name="document"' if "document" in prompts else ""), "",
+        "bertforge serves it as well: `bertforge serve --model " + out.name + "`"
+        + (" (OpenAI `/v1/embeddings`, TEI `/embed` with `prompt_name`)." if kind == "embed" else " (TEI `/rerank`)."),
+        "", "## The run's settings", "", "```json", dumps({k: v for k, v in vars(cfg).items()
+                                                          if not k.startswith("_")}, indent=2), "```", "",
+    ]
+    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
