@@ -148,7 +148,9 @@ def test_a_killed_build_is_taken_over_at_once_and_two_installs_build_once(tmp_pa
     assert any(took_over), "\n---\n".join(r.text() for r in runs)
     builder = runs[0] if took_over[0] else runs[1]
     waiter = runs[1] if builder is runs[0] else runs[0]
-    assert (took_over[0] or took_over[1])[0] < 5.0, builder.text()  # seconds from the process's start
+    # Seconds from the process's start: at once, not after a stale-lock timeout (5 s on a quiet machine; 5.01 s was
+    # seen with a benchmark and the suite sharing the 2 cores, hence the margin).
+    assert (took_over[0] or took_over[1])[0] < 15.0, builder.text()
     assert waiter.wait_for(r"waiting for the native kernels' build that pid \d+", 60), waiter.text()
 
     # A third process waiting on the same build ends on SIGTERM, in one line.
