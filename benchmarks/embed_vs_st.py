@@ -15,6 +15,7 @@ The rule, set before measuring: the two trainers reach "the same" nDCG@10 when t
 by at most the larger of their two standard deviations.
 
     python -m benchmarks.embed_vs_st [--seeds 1,2,3] [--pairs 2048]
+    python -m benchmarks.embed_vs_st --speed-only --seeds 1,2 --pairs 512   # speed alone, on a quiet machine
 """
 
 from __future__ import annotations
@@ -98,10 +99,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--pairs", type=int, default=2048)
+    parser.add_argument("--speed-only", action="store_true",
+                        help="time the training alone (no evaluation), on a quiet machine, rounds alternated")
     parser.add_argument("--st-run", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.st_run:
         st_train(args.st_run[0], args.st_run[1], args.st_run[2], int(args.st_run[3]))
+        return
+    if args.speed_only:
+        speed(args)
         return
     seeds = [int(s) for s in args.seeds.split(",")]
     model = minilm_dir()
@@ -139,6 +145,34 @@ def main() -> None:
               "same_ndcg_within_one_std": same}
     print(json.dumps(result, indent=2))
     save("embed_vs_st", result)
+
+
+def speed(args: argparse.Namespace) -> None:
+    """Training examples/s of both trainers on the same pairs, one seed per round, rounds alternated."""
+    from bertforge.retrieval.squad import squad_retrieval
+
+    seeds = [int(s) for s in args.seeds.split(",")]
+    model = minilm_dir()
+    seconds: dict[str, list[float]] = {"bertforge": [], "sentence-transformers": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        squad_set = tmp / "squad-retrieval"
+        squad_retrieval(need(DATA / "squad" / "dev-v1.1.json"), squad_set)
+        train = pairs_file(squad_set, tmp / "train.jsonl", args.pairs)
+        dev = tmp / "dev.jsonl"  # a small dev file: its one evaluation runs after the timed loop
+        dev.write_text("\n".join(train.read_text(encoding="utf-8").splitlines()[:20]) + "\n", encoding="utf-8")
+        for seed in seeds:
+            for name in seconds:
+                out = tmp / f"{name}-{seed}"
+                s = (run_bertforge(model, train, dev, out, seed) if name == "bertforge" else run_st(model, train, out, seed))
+                seconds[name].append(s)
+                print(f"seed {seed} {name}: {args.pairs / s:.2f} examples/s", flush=True)
+    ratios = [b / a for a, b in zip(seconds["bertforge"], seconds["sentence-transformers"])]
+    result = {"machine": machine(), "pairs": args.pairs, "seeds": seeds,
+              **{f"{n}_examples_per_s": [args.pairs / s for s in v] for n, v in seconds.items()},
+              "ratio_per_round": ratios, "ratio_median": statistics.median(ratios)}
+    print(json.dumps(result, indent=2))
+    save("embed_vs_st_speed", result)
 
 
 if __name__ == "__main__":

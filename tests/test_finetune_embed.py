@@ -282,3 +282,22 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, st_dir, data):
     for (name, x), (_, y), (_, z) in zip(a.state_dict().items(), b.state_dict().items(), start.state_dict().items()):
         torch.testing.assert_close(y, x, atol=2e-6, rtol=0, msg=lambda m: f"{name}: {m}")
     assert any(not torch.equal(x, z) for x, z in zip(a.state_dict().values(), start.state_dict().values()))
+
+
+def test_the_memory_check_counts_texts_per_forward(st_dir, data):
+    """The loop's pre-flight memory check sizes a step by the texts one forward holds: every column of an
+    embedder's rows, but one GradCache mini-batch however large the batch (a batch of 1,024 with mini-batches of
+    32 was refused as needing 60 GB)."""
+    from bertforge.retrieval.beir import from_pairs
+    from bertforge.tasks.embedding import EmbeddingTask, Prompts
+    from bertforge.training.memory import step_bytes
+
+    rows = read_tuples(str(data / "train.jsonl"))
+    tok = load_tokenizer(st_dir)
+    plain = EmbeddingTask(rows, from_pairs([("a", "b")], "-"), tok, 48, 8, 0, "MultipleNegativesRankingLoss", None,
+                          "cosine", Prompts())
+    cached = EmbeddingTask(rows, from_pairs([("a", "b")], "-"), tok, 48, 8, 0, "MultipleNegativesRankingLoss", None,
+                           "cosine", Prompts(), mini_batch_size=32)
+    assert plain.activation_rows(1024) == 2048 and cached.activation_rows(1024) == 32
+    model = load_sentence_encoder(st_dir)
+    assert step_bytes(model, cached.activation_rows(1024), 256) < step_bytes(model, plain.activation_rows(32), 256)

@@ -133,6 +133,12 @@ class EmbeddingTask:
     def micro_batches_per_epoch(self, epoch: int) -> int:
         return len(self._batches(epoch)) * process_group()[0]
 
+    def activation_rows(self, batch_size: int) -> int:
+        """Texts one forward with gradients holds (the loop's memory check): every column of the batch's rows, or
+        one GradCache mini-batch, however large the batch."""
+        texts = batch_size * len(self.data.columns)
+        return min(self.mini_batch_size, texts) if self.mini_batch_size else texts
+
     def _rows_of(self, epoch: int, index: int) -> list[int]:
         """The rows of micro-batch `index` (the loop gives process r the indices r, r + world, ...)."""
         world = process_group()[0]

@@ -81,6 +81,14 @@ class RerankTask:
     def micro_batches_per_epoch(self, epoch: int) -> int:
         return len(self._epoch_batches(epoch))
 
+    def activation_rows(self, batch_size: int) -> int:
+        """(query, passage) pairs one forward holds (the loop's memory check): each row's candidates."""
+        if self.loss_name == "BinaryCrossEntropyLoss":
+            return batch_size
+        passages = len(self.data.columns) - 1
+        return batch_size * (passages + (0 if self.data.scores is not None else min(self.num_negatives,
+                                                                                    batch_size * passages - 1)))
+
     def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
         """All the batch's (query, passage) pairs, candidate by candidate: [B * C, T]; `scores` float [B] for
         binary cross-entropy. For ranking, candidate 0 is each row's positive, then the in-batch negatives (drawn

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import resource
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -84,16 +85,20 @@ def available_bytes() -> tuple[int, str]:
 
 
 def check_fits(model: torch.nn.Module, batch_size: int, seq_len: int, grad_accum: int, precision: str,
-               device: torch.device, predictions: int | None = None, native: bool = True) -> None:
-    """Refuse, in one line naming what would fit, a run whose step cannot fit in the memory left (CPU only)."""
+               device: torch.device, predictions: int | None = None, native: bool = True,
+               rows: Callable[[int], int] | None = None) -> None:
+    """Refuse, in one line naming what would fit, a run whose step cannot fit in the memory left (CPU only).
+    `rows(batch_size)`: the texts one forward with gradients holds, when that is not one per example (an
+    embedder's rows hold several texts; GradCache holds one mini-batch whatever the batch size)."""
     if device.type != "cpu":
         return
-    need = step_bytes(model, batch_size, seq_len, precision, predictions, native)
+    rows = rows or (lambda b: b)
+    need = step_bytes(model, rows(batch_size), seq_len, precision, predictions, native)
     room, limit = available_bytes()
     if need <= room:
         return
     fits = next((b for b in range(batch_size - 1, 0, -1)
-                 if step_bytes(model, b, seq_len, precision, predictions, native) <= room), None)
+                 if step_bytes(model, rows(b), seq_len, precision, predictions, native) <= room), None)
     said = (f"a step of --batch-size {batch_size} at --seq-len {seq_len} needs about {need / GB:.1f} GB more "
             f"(gradients, optimizer state, activations), and {limit} leaves {max(room, 0) / GB:.1f} GB")
     if fits is None:

@@ -218,8 +218,11 @@ class Trainer:
             raise NothingToDo(f"{self.out}: the run already finished at step {step} ({finished}); nothing to do. "
                               f"To train further, start a new run from its model: --model {self.out} --out NEW")
         if c.backend == "torch":  # before its settings are saved and any step: refused now, not minutes in
+            # Texts a forward with gradients holds: a row each, but an embedder's rows are several texts and a
+            # GradCache step holds one mini-batch of them (`activation_rows`).
+            rows = getattr(self.task, "activation_rows", None)
             check_fits(self.model, c.batch_size, self.run_info.get("seq_len") or 512, c.grad_accum, self.precision,
-                       self.device, self._predictions(), native=kernels.enabled())
+                       self.device, self._predictions(), native=kernels.enabled(), rows=rows)
         if self.on_start is not None:
             self.on_start()
         if dist.is_main():
