@@ -107,7 +107,7 @@ def main() -> None:
         st_train(args.st_run[0], args.st_run[1], args.st_run[2], int(args.st_run[3]))
         return
     if args.speed_only:
-        speed(args)
+        speed_only(args)
         return
     seeds = [int(s) for s in args.seeds.split(",")]
     model = minilm_dir()
@@ -147,7 +147,7 @@ def main() -> None:
     save("embed_vs_st", result)
 
 
-def speed(args: argparse.Namespace) -> None:
+def speed_only(args: argparse.Namespace) -> None:
     """Training examples/s of both trainers on the same pairs, one seed per round, rounds alternated."""
     from bertforge.retrieval.squad import squad_retrieval
 
