@@ -24,8 +24,7 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import (ALIASES, DEFAULT_LOSS, LOSSES, SCORED_PAIRS, SCORED_TUPLES, cached, data_kind,
-                               process_group)
+from .embedding_losses import ALIASES, DEFAULT_LOSS, LOSSES, cached, process_group, resolve_loss
 
 
 @dataclass
@@ -43,18 +42,7 @@ class Prompts:
 def loss_name(name: str | None, data: TupleData) -> str:
     """The sentence-transformers class name of `--loss` (a short alias is accepted), checked against the data's
     shape; None picks in-batch negatives for rows, CoSENT for scored pairs, MarginMSE for a teacher's scores."""
-    kind = data_kind(len(data.columns), data.scores is not None)
-    if name is None:
-        return DEFAULT_LOSS[kind]
-    full = ALIASES.get(name, name)
-    if full not in LOSSES:
-        raise InputError(f"--loss {name}: use one of {', '.join(LOSSES)} (or {', '.join(ALIASES)})")
-    wanted = LOSSES[full][1]
-    if wanted != kind:
-        raise InputError(f"--loss {full} trains on {wanted}; {data.source} holds {data.shape}"
-                         + {SCORED_PAIRS: ": use CoSENTLoss or CosineSimilarityLoss",
-                            SCORED_TUPLES: ": use MarginMSELoss"}.get(kind, ""))
-    return full
+    return resolve_loss(name, data, {n: rows for n, (_, rows, _) in LOSSES.items()}, ALIASES, DEFAULT_LOSS)
 
 
 def unique_batches(rows: list[tuple[str, ...]], batch_size: int, seed: int, epoch: int) -> list[list[int]]:

@@ -126,6 +126,25 @@ def data_kind(columns: int, scored: bool) -> str:
     return ROWS if not scored else SCORED_PAIRS if columns == 2 else SCORED_TUPLES
 
 
+def resolve_loss(name: str | None, data, rows_of: dict[str, str], aliases: dict[str, str],
+                 defaults: dict[str, str]) -> str:
+    """`--loss` (a sentence-transformers class name or a short alias) as a class name, checked against the rows
+    `data` (a `TupleData`) holds; None picks `defaults[kind of rows]`. `rows_of`: each loss's kind of rows."""
+    from ..errors import InputError
+
+    kind = data_kind(len(data.columns), data.scores is not None)
+    if name is None:
+        return defaults[kind]
+    full = aliases.get(name, name)
+    if full not in rows_of:
+        raise InputError(f"--loss {name}: use one of {', '.join(rows_of)} (or {', '.join(aliases)})")
+    if rows_of[full] != kind:
+        fitting = [n for n, rows in rows_of.items() if rows == kind]
+        raise InputError(f"--loss {full} trains on {rows_of[full]}; {data.source} holds {data.shape}: use "
+                         f"{' or '.join(fitting)}")
+    return full
+
+
 def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_size: int,
            loss_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """GradCache (Gao et al., 2021; sentence-transformers' Cached* losses): the loss of a batch far larger than

@@ -22,7 +22,7 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import ROWS, SCORED_PAIRS, SCORED_TUPLES, data_kind, margin_targets
+from .embedding_losses import ROWS, SCORED_PAIRS, SCORED_TUPLES, margin_targets, resolve_loss
 
 # name -> the rows it trains on. sentence-transformers' cross-encoder loss names.
 RERANK_LOSSES = {"BinaryCrossEntropyLoss": SCORED_PAIRS, "MultipleNegativesRankingLoss": ROWS,
@@ -35,14 +35,7 @@ DEFAULT_RERANK_LOSS = {SCORED_PAIRS: "BinaryCrossEntropyLoss", ROWS: "MultipleNe
 
 def rerank_loss_name(name: str | None, data: TupleData) -> str:
     """`--loss` as a sentence-transformers cross-encoder loss name, checked against the data's shape."""
-    kind = data_kind(len(data.columns), data.scores is not None)
-    if name is None:
-        return DEFAULT_RERANK_LOSS[kind]
-    full = RERANK_ALIASES.get(name, name)
-    if full not in RERANK_LOSSES:
-        raise InputError(f"--loss {name}: use one of {', '.join(RERANK_LOSSES)} (or {', '.join(RERANK_ALIASES)})")
-    if RERANK_LOSSES[full] != kind:
-        raise InputError(f"--loss {full} trains on {RERANK_LOSSES[full]}; {data.source} holds {data.shape}")
+    full = resolve_loss(name, data, RERANK_LOSSES, RERANK_ALIASES, DEFAULT_RERANK_LOSS)
     if full == "ListNetLoss" and np.size(data.scores[0]) != len(data.columns) - 1:
         raise InputError(f"--loss ListNetLoss needs the teacher's score of every passage (the positive's, then each "
                          f"negative's: {len(data.columns) - 1} per row); {data.source} gives margins")
