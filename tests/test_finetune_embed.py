@@ -147,7 +147,8 @@ def test_trained_directory_loads_in_sentence_transformers_with_equal_vectors(tmp
 
 def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, st_dir, data):
     """Killed (SIGKILL) after a checkpoint and resumed, the run ends with the same weights as one that never
-    stopped: the batches' order, the Dense layer and the optimizer all come back from the checkpoint."""
+    stopped: the batches' order, the Dense layer, the learned scale and the optimizer all come back from the
+    checkpoint."""
     import subprocess
     import sys
 
@@ -156,7 +157,7 @@ def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, st_dir, data)
     def args(out: Path) -> list[str]:
         return ["finetune", "embed", "--model", str(st_dir), "--train", str(data / "train.jsonl"), "--dev",
                 str(data / "dev.jsonl"), "--batch-size", "8", "--epochs", "3", "--precision", "fp32", "--matmul",
-                "torch", "--save-every", "2", "--out", str(out)]
+                "torch", "--save-every", "2", "--learn-scale", "--out", str(out)]
 
     env = {"OMP_NUM_THREADS": "1"}
     whole = subprocess.run([sys.executable, "-m", "bertforge", *args(tmp_path / "whole")], capture_output=True,
@@ -171,6 +172,12 @@ def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, st_dir, data)
     a, b = load_sentence_encoder(tmp_path / "whole"), load_sentence_encoder(out)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
+    # The learned scale moved from 20, and ended the same in both runs (the model card records it).
+    import re
+
+    ends = [re.search(r"20 at the start, ([0-9.]+) at the end", (d / "README.md").read_text()).group(1)
+            for d in (tmp_path / "whole", out)]
+    assert ends[0] == ends[1] and float(ends[0]) != 20.0
 
 
 @pytest.mark.parametrize("rows, flags, message", [
@@ -190,6 +197,9 @@ def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, st_dir, data)
     ([{"a": "x", "b": "y", "label": 0.5}], ("--loss", "mnrl"), r"holds scored pairs"),
     ([{"a": "x", "b": "y"}], ("--loss", "TripletLoss"), r"--loss TripletLoss: use one of"),
     ([{"a": "x", "b": "y"}], ("--text-column", "a"), r"text_column \(--text-column\): embed reads its columns"),
+    ([{"a": "x", "b": "y", "label": 0.5}], ("--learn-scale",), r"--learn-scale: CoSENTLoss's scale is fixed"),
+    ([{"a": "x", "b": "y"}], ("--learn-scale", "--scale", "200"), r"a learned scale starts at most at 100"),
+    ([{"a": "x", "b": "y"}], ("--learn-scale", "--scale-lr", "0"), r"scale_lr \(--scale-lr\) must be a positive"),
 ])
 def test_bad_training_data_is_refused_in_one_line(tmp_path, st_dir, data, capsys, rows, flags, message):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -222,10 +232,12 @@ def test_gradcache_gives_the_uncached_gradients(st_dir, data):
 
     rows = read_tuples(str(data / "train.jsonl"))
     tok = load_tokenizer(st_dir)
-    for dims in ((), (24, 8)):
+    for dims, learned in (((), False), ((24, 8), False), ((), True)):
         grads, values = [], []
         for mini in (None, 3):
             model = load_sentence_encoder(st_dir).eval()  # no dropout: the two paths draw their masks differently
+            if learned:  # a learned scale's gradient is cached too
+                model.learn_scale(20.0)
             task = EmbeddingTask(rows, from_pairs([("a", "b")], "-"), tok, 48, 8, 0, "MultipleNegativesRankingLoss",
                                  None, "cosine", Prompts("query: "), mini_batch_size=mini, dims=dims)
             loss, _ = task.loss(model, task.micro_batch(0, 0))
@@ -234,6 +246,7 @@ def test_gradcache_gives_the_uncached_gradients(st_dir, data):
             grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         assert values[0] == pytest.approx(values[1], rel=1e-6)
         assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+        assert ("log_scale" in grads[0]) == learned
         for name in grads[0]:
             torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
 
@@ -252,7 +265,8 @@ def test_matryoshka_and_gradcache_settings_are_checked(tmp_path, st_dir, data, c
 
 def test_two_processes_equal_one_with_the_global_batch(tmp_path, st_dir, data):
     """torchrun with 2 CPU processes of --batch-size 4 ends with the weights of 1 process of --batch-size 8: each
-    global batch is split between them and the in-batch negatives are gathered from both (with gradients)."""
+    global batch is split between them and the in-batch negatives are gathered from both (with gradients); the
+    learned scale's gradient is reduced like the weights'."""
     import subprocess
     import sys
 
@@ -269,7 +283,7 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, st_dir, data):
     (model / "config.json").write_text(json.dumps(config))
     common = ["finetune", "embed", "--model", str(model), "--train", str(tmp_path / "train.jsonl"), "--dev",
               str(data / "dev.jsonl"), "--precision", "fp32", "--matmul", "torch", "--max-steps", "3", "--lr", "1e-3",
-              "--eval-every", "100"]
+              "--eval-every", "100", "--learn-scale"]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     for name, launcher, batch in (("one", [], "8"), ("two", ["-m", "torch.distributed.run", "--standalone",
                                                               "--nproc-per-node", "2"], "4")):

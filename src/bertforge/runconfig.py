@@ -467,6 +467,10 @@ class EmbedConfig(RetrievalTrainConfig):
                                                 "gradients are the whole batch's")
     matryoshka_dims: str | None = setting(None, "e.g. 384,256,128,64: train every leading slice of the vectors to "
                                                 "work alone (MatryoshkaLoss: the loss summed over the slices)")
+    learn_scale: bool = setting(False, "train the in-batch loss's scale (starting at --scale, default 20) with the "
+                                       "model, as CLIP learns its temperature (at most 100)")
+    scale_lr: float = setting(1e-3, "peak learning rate of a learned scale (--learn-scale): the model's rate would "
+                                    "leave it where it starts")
     out: str = setting("bertforge-embed", "output directory")
 
     def __post_init__(self) -> None:
@@ -476,6 +480,8 @@ class EmbedConfig(RetrievalTrainConfig):
         if self.mini_batch_size is not None and not 1 <= self.mini_batch_size <= self.batch_size:
             raise ConfigError(f"{flag('mini_batch_size')} {self.mini_batch_size} must lie between 1 and "
                               f"--batch-size ({self.batch_size})")
+        if not (math.isfinite(self.scale_lr) and self.scale_lr > 0):
+            raise ConfigError(f"{flag('scale_lr')} must be a positive number")
         self.dimensions()
 
     def dimensions(self) -> tuple[int, ...]:

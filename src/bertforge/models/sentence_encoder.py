@@ -7,11 +7,16 @@ and writes the directories, `tasks/embedding.py` trains it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .pooling import POOLING_MODES, pool
+
+# CLIP's ceiling on a learned logit scale (Radford et al., 2021): beyond it training turns unstable.
+MAX_LEARNED_SCALE = 100.0
 
 
 class Dense(nn.Module):
@@ -51,6 +56,19 @@ class SentenceEncoder(nn.Module):
         self.pooling = tuple(pooling)
         self.dense = nn.ModuleList(dense or [])
         self.normalize = normalize
+        # The in-batch losses' scale, when it is trained (`learn_scale`); it is the loss's, never saved with the
+        # sentence-transformers modules, but a training checkpoint keeps it so that a resumed run goes on exactly.
+        self.log_scale: nn.Parameter | None = None
+
+    def learn_scale(self, initial: float, lr_ratio: float = 1.0) -> None:
+        """Train the similarity scale of an in-batch loss with the encoder, as CLIP learns its temperature: log(scale)
+        is a parameter (no weight decay) whose learning rate is `lr_ratio` times the run's."""
+        self.log_scale = nn.Parameter(torch.tensor(math.log(initial)))
+        self.log_scale.lr_ratio = lr_ratio  # read by `training.optim.parameter_groups`
+
+    def scale(self) -> torch.Tensor:
+        """The learned scale (float []), at most MAX_LEARNED_SCALE."""
+        return self.log_scale.exp().clamp(max=MAX_LEARNED_SCALE)
 
     @property
     def dimension(self) -> int:
@@ -74,8 +92,18 @@ class SentenceEncoder(nn.Module):
         return {"": self.backbone}
 
     def extra_state(self) -> dict[str, torch.Tensor]:
-        """The weights after the backbone (Dense layers), by their names in this module."""
-        return {f"dense.{k}": v for k, v in self.dense.state_dict().items()}
+        """The weights after the backbone (Dense layers) and a learned scale, by their names in this module."""
+        extra = {f"dense.{k}": v for k, v in self.dense.state_dict().items()}
+        if self.log_scale is not None:
+            extra["log_scale"] = self.log_scale.detach()
+        return extra
 
     def load_extra_state(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.dense.load_state_dict({k[len("dense."):]: v for k, v in tensors.items()}, strict=True)
+        if ("log_scale" in tensors) != (self.log_scale is not None):
+            raise RuntimeError("the checkpoint was written " + ("with" if "log_scale" in tensors else "without")
+                               + " a learned scale (--learn-scale); resume it with the same setting")
+        if self.log_scale is not None:
+            with torch.no_grad():
+                self.log_scale.copy_(tensors["log_scale"])
+        self.dense.load_state_dict({k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")},
+                                   strict=True)

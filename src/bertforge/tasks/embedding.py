@@ -18,13 +18,16 @@ from ..data.batching import collate
 from ..data.retrieval import TupleData, read_tuples
 from ..errors import InputError
 from ..inference.loop import device_of, run_sorted
-from ..models.sentence_encoder import SentenceEncoder
+from ..models.sentence_encoder import MAX_LEARNED_SCALE, SentenceEncoder
 from ..retrieval.beir import RetrievalSet
 from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.tokenizer import Tokenizer
 from .embedding_losses import ALIASES, DEFAULT_LOSS, LOSSES, cached, process_group, resolve_loss
+
+# The losses whose scale `--learn-scale` trains: a softmax over the batch, as CLIP's. CoSENT's would only grow.
+LEARNABLE_SCALE = ("MultipleNegativesRankingLoss", "MultipleNegativesSymmetricRankingLoss")
 
 
 @dataclass
@@ -150,17 +153,23 @@ class EmbeddingTask:
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
         scores = batch.get("scores")
+        encoder = getattr(model, "module", model)  # under DDP, the wrapped SentenceEncoder
+        learned = encoder.log_scale is not None
+        scale = encoder.scale() if learned else self.scale
+        parts = {"scale": scale.detach()} if learned else {}
         if self.mini_batch_size:
-            return cached(model, inputs, self.mini_batch_size, lambda v: self.vectors_loss(v, scores)), {}
-        return self.vectors_loss(model(**inputs), scores), {}
+            return cached(model, inputs, self.mini_batch_size, lambda v: self.vectors_loss(v, scores, scale),
+                          (encoder.log_scale,) if learned else ()), parts
+        return self.vectors_loss(model(**inputs), scores, scale), parts
 
-    def vectors_loss(self, vectors: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
+    def vectors_loss(self, vectors: torch.Tensor, scores: torch.Tensor | None,
+                     scale: float | torch.Tensor) -> torch.Tensor:
         """The loss of the batch's vectors float [C * B, D] (column by column); with Matryoshka dimensions, the sum
         of the loss on each leading slice of the vectors (sentence-transformers' MatryoshkaLoss, weights 1)."""
         columns = list(vectors.float().chunk(len(self.data.columns)))
         if not self.dims:
-            return self.loss_fn(columns, scores, self.scale, self.similarity)
-        return sum(self.loss_fn([c[..., :d] for c in columns], scores, self.scale, self.similarity) for d in self.dims)
+            return self.loss_fn(columns, scores, scale, self.similarity)
+        return sum(self.loss_fn([c[..., :d] for c in columns], scores, scale, self.similarity) for d in self.dims)
 
     @torch.no_grad()
     def embed(self, model: SentenceEncoder, texts: list[str], query: bool) -> np.ndarray:
@@ -182,6 +191,8 @@ class EmbeddingTask:
         from ..interop.sentence_dir import save_sentence_dir
 
         save_sentence_dir(model, out, tokenizer, self.seq_len, self.prompts.named(), self.similarity)
+        if model.log_scale is not None:  # for the model card: where the learned scale ended
+            self.learned_scale = float(model.scale())
 
 
 def evaluate_encoder(task: EmbeddingTask, model: SentenceEncoder, data: RetrievalSet, similarity: str,
@@ -210,6 +221,14 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
         own = sentence and (sentence.max_length or min(tokenizer.model_max_length, 1 << 30))
         if own:
             cfg.seq_len = min(own, model.config.max_sequence_length)
+    if cfg.learn_scale:
+        if loss not in LEARNABLE_SCALE:
+            raise InputError(f"--learn-scale: {loss}'s scale is fixed; it is learned for "
+                             f"{' and '.join(LEARNABLE_SCALE)} only")
+        initial = cfg.scale if cfg.scale is not None else LOSSES[loss][2]
+        if initial > MAX_LEARNED_SCALE:
+            raise InputError(f"--scale {initial:g}: a learned scale starts at most at {MAX_LEARNED_SCALE:g}")
+        model.learn_scale(initial, cfg.scale_lr / cfg.lr)
     dims = cfg.dimensions()
     if dims and dims[0] > model.dimension:
         raise InputError(f"--matryoshka-dims {cfg.matryoshka_dims}: {dims[0]} is more than the model's "

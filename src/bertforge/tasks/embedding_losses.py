@@ -146,7 +146,7 @@ def resolve_loss(name: str | None, data, rows_of: dict[str, str], aliases: dict[
 
 
 def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_size: int,
-           loss_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+           loss_of: Callable[[torch.Tensor], torch.Tensor], loss_params: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """GradCache (Gao et al., 2021; sentence-transformers' Cached* losses): the loss of a batch far larger than
     memory allows, with the gradients of the uncached loss.
 
@@ -154,7 +154,9 @@ def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_s
     `loss_of(vectors [N, D])` and its gradient with respect to the vectors are computed once; then, when the
     returned value is backpropagated, each mini-batch is embedded again with gradients (its random state
     replayed, so dropout draws the same masks) and backpropagated with its cached vector gradients. Activation
-    memory is one mini-batch's, whatever the batch size; the cost is one more forward per step.
+    memory is one mini-batch's, whatever the batch size; the cost is one more forward per step. `loss_params`:
+    parameters of the loss itself (a learned scale), whose gradients join the last mini-batch's backward, the
+    one that DDP reduces.
     """
     rows = inputs["input_ids"].shape[0]
     chunks = [slice(start, start + mini_batch_size) for start in range(0, rows, mini_batch_size)]
@@ -166,7 +168,7 @@ def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_s
     vectors = torch.cat(pieces).requires_grad_()
     with torch.enable_grad():
         loss = loss_of(vectors)
-        (grads,) = torch.autograd.grad(loss, vectors)
+        grads, *param_grads = torch.autograd.grad(loss, [vectors, *loss_params])
     value = loss.detach().requires_grad_()
 
     def replay(grad_output: torch.Tensor) -> None:
@@ -177,7 +179,10 @@ def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_s
             sync = no_sync() if no_sync is not None and n < len(chunks) - 1 else contextlib.nullcontext()
             with sync, torch.enable_grad():  # a backward hook runs with gradients off
                 out = model(**{k: v[chunk] for k, v in inputs.items()}).float()
-                (out * grads[chunk]).sum().mul(grad_output).backward()
+                total = (out * grads[chunk]).sum()
+                if n == len(chunks) - 1:
+                    total = total + sum((p * g).sum() for p, g in zip(loss_params, param_grads))
+                total.mul(grad_output).backward()
         torch.set_rng_state(after)
 
     value.register_hook(replay)

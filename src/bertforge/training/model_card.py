@@ -39,7 +39,10 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
                 "weight decay": cfg.weight_decay, "max sequence length": task.seq_len, "seed": cfg.seed,
                 "precision": cfg.precision}
     if kind == "embed":
-        settings.update({"similarity": task.similarity, "scale": task.scale,
+        learned = getattr(task, "learned_scale", None)
+        scale = (f"learned (--learn-scale, rate {cfg.scale_lr:g}): {task.scale:g} at the start, {learned:.4g} at the "
+                 "end" if learned is not None else task.scale)
+        settings.update({"similarity": task.similarity, "scale": scale,
                          "GradCache mini-batch": task.mini_batch_size, "Matryoshka dimensions": list(task.dims) or None,
                          "query prompt": task.prompts.query or None, "document prompt": task.prompts.document or None})
     else:

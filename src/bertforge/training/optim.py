@@ -15,12 +15,18 @@ import torch
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: matrices and embeddings decay; biases and LayerNorm parameters (all 1-D) do not."""
-    decay, no_decay = [], []
+    """Two groups: matrices and embeddings decay; biases and LayerNorm parameters (all 1-D) do not. A parameter
+    marked with an `lr_ratio` (a learned loss scale) gets a group of its own, without decay, whose learning rate
+    is that multiple of the run's (the loop applies it at every step)."""
+    decay, no_decay, own = [], [], []
     for _, p in model.named_parameters():
-        if p.requires_grad:
+        if not p.requires_grad:
+            continue
+        if hasattr(p, "lr_ratio"):
+            own.append({"params": [p], "weight_decay": 0.0, "lr_ratio": p.lr_ratio})
+        else:
             (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}, *own]
 
 
 class Lamb(torch.optim.Optimizer):

@@ -376,7 +376,7 @@ class Trainer:
         grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
                      if c.max_grad_norm > 0 else _grad_norm(self.model))
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_ratio", 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm), lr
