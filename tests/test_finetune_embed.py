@@ -212,6 +212,25 @@ def test_bad_training_data_is_refused_in_one_line(tmp_path, st_dir, data, capsys
     assert re.search(message, err[0]), err[0]
 
 
+def test_a_hugging_face_dataset_is_read_by_its_columns(tmp_path):
+    """hf:NAME:SPLIT reads a dataset as `datasets.load_dataset` does (here a local dataset folder, as a Hub
+    dataset's files lie once downloaded): its columns in order, the score column making scored pairs."""
+    pytest.importorskip("datasets")
+    folder = tmp_path / "my-pairs"
+    (folder / "data").mkdir(parents=True)
+    rows = [{"sentence1": f"text {i}", "sentence2": f"other {i}", "score": i / 4} for i in range(5)]
+    (folder / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = read_tuples(f"hf:{folder}:train")
+    assert data.columns == ["sentence1", "sentence2"] and data.shape == "scored pairs"
+    assert data.rows[3] == ("text 3", "other 3") and list(data.scores) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    from bertforge.errors import InputError
+
+    with pytest.raises(InputError, match=r"hf:.*my-pairs:test: cannot load"):
+        read_tuples(f"hf:{folder}:test")
+    with pytest.raises(InputError, match=r"expected hf:NAME:SPLIT"):
+        read_tuples("hf:only-a-name")
+
+
 def test_a_beir_query_without_a_positive_is_refused(tmp_path):
     folder = tmp_path / "beir"
     (folder / "qrels").mkdir(parents=True)
