@@ -67,6 +67,23 @@ def unique_batches(rows: list[tuple[str, ...]], batch_size: int, seed: int, epoc
     return batches
 
 
+def global_batches(rows: list[tuple[str, ...]], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The epoch's global batches: `batch_size` rows per process, no text twice. In a torchrun job the processes
+    split each global batch (`rank_rows`), so that they train exactly as one process on the global batch; a global
+    batch too small to split evenly (the sampler's last ones) is left out there."""
+    world = process_group()[0]
+    batches = unique_batches(rows, batch_size * world, seed, epoch)
+    return [b for b in batches if len(b) == batch_size * world] if world > 1 else batches
+
+
+def rank_rows(batches: list[list[int]], index: int, batch_size: int) -> tuple[int, slice]:
+    """(which global batch, this process's slice of it) for micro-batch `index` (the loop gives process r the
+    indices r, r + world, ...)."""
+    world = process_group()[0]
+    part = index % world
+    return index // world, slice(part * batch_size, (part + 1) * batch_size) if world > 1 else slice(None)
+
+
 class EmbeddingTask:
     """The Trainer's task for a `SentenceEncoder` (see `trainer.Task`)."""
 
@@ -110,15 +127,10 @@ class EmbeddingTask:
         return [{"input_ids": self._ids[(t, query)], "token_type_ids": [0] * len(self._ids[(t, query)])} for t in texts]
 
     def _batches(self, epoch: int) -> list[list[int]]:
-        """The epoch's global batches (--batch-size rows per process, without duplicate texts). In a torchrun job
-        the processes split each global batch, so their gathered negatives are exactly one process's on the same
-        global batch; a global batch too small to split evenly (the sampler's last ones) is left out there."""
+        """The epoch's global batches: split between torchrun's processes, whose gathered negatives are then exactly
+        one process's on the global batch."""
         if self._epoch_batches is None or self._epoch_batches[0] != epoch:
-            world = process_group()[0]
-            batches = unique_batches(self.data.rows, self.batch_size * world, self.seed, epoch)
-            if world > 1:
-                batches = [b for b in batches if len(b) == self.batch_size * world]
-            self._epoch_batches = (epoch, batches)
+            self._epoch_batches = (epoch, global_batches(self.data.rows, self.batch_size, self.seed, epoch))
         return self._epoch_batches[1]
 
     def micro_batches_per_epoch(self, epoch: int) -> int:
@@ -131,11 +143,9 @@ class EmbeddingTask:
         return min(self.mini_batch_size, texts) if self.mini_batch_size else texts
 
     def _rows_of(self, epoch: int, index: int) -> list[int]:
-        """The rows of micro-batch `index` (the loop gives process r the indices r, r + world, ...)."""
-        world = process_group()[0]
-        batch = self._batches(epoch)[index // world]
-        part = index % world
-        return batch[part * self.batch_size:(part + 1) * self.batch_size] if world > 1 else batch
+        """The rows of micro-batch `index`: this process's part of a global batch."""
+        which, part = rank_rows(self._batches(epoch), index, self.batch_size)
+        return self._batches(epoch)[which][part]
 
     def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
         """Every text of the batch's rows, column by column (anchors, then positives, ...): one padded [C*B, T]

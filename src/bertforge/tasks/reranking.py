@@ -22,7 +22,8 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import ROWS, SCORED_PAIRS, SCORED_TUPLES, margin_targets, resolve_loss
+from .embedding import global_batches, rank_rows
+from .embedding_losses import ROWS, SCORED_PAIRS, SCORED_TUPLES, margin_targets, process_group, resolve_loss
 
 # name -> the rows it trains on. sentence-transformers' cross-encoder loss names.
 RERANK_LOSSES = {"BinaryCrossEntropyLoss": SCORED_PAIRS, "MultipleNegativesRankingLoss": ROWS,
@@ -51,8 +52,6 @@ class RerankTask:
     def __init__(self, data: TupleData, dev: RetrievalSet, candidates: dict, tokenizer: Tokenizer, seq_len: int,
                  batch_size: int, seed: int, loss: str, num_negatives: int, scale: float, pos_weight: float | None,
                  top_k: int) -> None:
-        from .embedding import unique_batches
-
         self.data, self.dev, self.candidates, self.tokenizer = data, dev, candidates, tokenizer
         self.seq_len, self.batch_size, self.seed, self.loss_name = seq_len, batch_size, seed, loss
         self.num_negatives, self.scale, self.pos_weight, self.top_k = num_negatives, scale, pos_weight, top_k
@@ -61,18 +60,19 @@ class RerankTask:
             if bad:
                 raise InputError(f"{data.source}:{bad[0][0]}: label {bad[0][1]} lies outside [0, 1], which binary "
                                  "cross-entropy reads as a probability")
-        self._batches = unique_batches
         self._epoch: tuple[int, list[list[int]]] | None = None
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The epoch's global batches, split between torchrun's processes (`rank_rows`): each query's in-batch
+        negatives are drawn from the whole global batch, so N processes train as one on the global batch."""
         if self._epoch is None or self._epoch[0] != epoch:
             rows = self.data.rows if self.loss_name != "BinaryCrossEntropyLoss" else [(str(i),) for i in
                                                                                        range(len(self.data.rows))]
-            self._epoch = (epoch, self._batches(rows, self.batch_size, self.seed, epoch))
+            self._epoch = (epoch, global_batches(rows, self.batch_size, self.seed, epoch))
         return self._epoch[1]
 
     def micro_batches_per_epoch(self, epoch: int) -> int:
-        return len(self._epoch_batches(epoch))
+        return len(self._epoch_batches(epoch)) * process_group()[0]
 
     def activation_rows(self, batch_size: int) -> int:
         """(query, passage) pairs one forward holds (the loop's memory check): each row's candidates."""
@@ -86,7 +86,9 @@ class RerankTask:
         """All the batch's (query, passage) pairs, candidate by candidate: [B * C, T]; `scores` float [B] for
         binary cross-entropy. For ranking, candidate 0 is each row's positive, then the in-batch negatives (drawn
         with a generator seeded by (seed, epoch, index), so a resumed run draws the same), then its own negatives."""
-        chosen = self._epoch_batches(epoch)[index]
+        which, part = rank_rows(self._epoch_batches(epoch), index, self.batch_size)
+        everyone = self._epoch_batches(epoch)[which]  # the global batch; this process trains on its `part`
+        chosen = everyone[part]
         rows = [self.data.rows[i] for i in chosen]
         if self.loss_name == "BinaryCrossEntropyLoss":
             pairs = [(r[0], r[1]) for r in rows]
@@ -99,12 +101,16 @@ class RerankTask:
             batch["candidates"] = torch.tensor([len(columns)])
             batch["scores"] = torch.tensor([self.data.scores[i] for i in chosen], dtype=torch.float32)
             return batch
-        flat = [text for column in columns for text in column]  # every passage of the batch, column by column
-        B, C = len(rows), len(columns)
-        rng = np.random.default_rng([self.seed, 31, epoch, index])
-        others = [[j * B + b for j in range(C) for b in range(B) if b != a] for a in range(B)]
+        # In-batch negatives: drawn for every row of the global batch from its other rows' passages (one draw per
+        # global batch, seeded by (seed, epoch, batch)), then this process keeps its own rows' draws.
+        every = [self.data.rows[i] for i in everyone]
+        G, C = len(every), len(columns)
+        flat = [r[c] for c in range(1, C + 1) for r in every]  # every passage of the global batch, column by column
+        rng = np.random.default_rng([self.seed, 31, epoch, which])
+        others = [[j * G + b for j in range(C) for b in range(G) if b != a] for a in range(G)]
         picks = min(self.num_negatives, len(others[0])) if others[0] else 0
-        in_batch = [list(rng.choice(o, picks, replace=False)) if picks else [] for o in others]
+        in_batch = [list(rng.choice(o, picks, replace=False)) if picks else [] for o in others][part]
+        B = len(rows)
         candidates = [columns[0]] + [[flat[in_batch[a][k]] for a in range(B)] for k in range(picks)] + columns[1:]
         batch = self._collate([(rows[a][0], column[a]) for column in candidates for a in range(B)])
         batch["candidates"] = torch.tensor([len(candidates)])
