@@ -286,30 +286,16 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, st_dir, data):
     """torchrun with 2 CPU processes of --batch-size 4 ends with the weights of 1 process of --batch-size 8: each
     global batch is split between them and the in-batch negatives are gathered from both (with gradients); the
     learned scale's gradient is reduced like the weights'."""
-    import subprocess
-    import sys
+    from ddp_utils import one_and_two_processes, without_dropout
 
     # 64 rows, no text twice: every global batch of 8 is full, so both runs have the same batches and schedule.
     texts = _sentences(128, 9, 3, 12)
     rows = [{"query": f"{i} {q}", "positive": f"{i} {p}"} for i, (q, p) in enumerate(zip(texts[::2], texts[1::2]))]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    import shutil
-
-    model = tmp_path / "model"  # no dropout: each process draws its own masks
-    shutil.copytree(st_dir, model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (model / "config.json").write_text(json.dumps(config))
-    common = ["finetune", "embed", "--model", str(model), "--train", str(tmp_path / "train.jsonl"), "--dev",
-              str(data / "dev.jsonl"), "--precision", "fp32", "--matmul", "torch", "--max-steps", "3", "--lr", "1e-3",
-              "--eval-every", "100", "--learn-scale"]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    for name, launcher, batch in (("one", [], "8"), ("two", ["-m", "torch.distributed.run", "--standalone",
-                                                              "--nproc-per-node", "2"], "4")):
-        args = [sys.executable, *launcher, "-m", "bertforge", *common, "--batch-size", batch, "--out",
-                str(tmp_path / name)]
-        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+    model = without_dropout(st_dir, tmp_path / "model")
+    one_and_two_processes(["finetune", "embed", "--model", str(model), "--train", str(tmp_path / "train.jsonl"),
+                           "--dev", str(data / "dev.jsonl"), "--precision", "fp32", "--matmul", "torch", "--max-steps",
+                           "3", "--lr", "1e-3", "--eval-every", "100", "--learn-scale"], 8, tmp_path)
     a, b = load_sentence_encoder(tmp_path / "one"), load_sentence_encoder(tmp_path / "two")
     start = load_sentence_encoder(st_dir)
     for (name, x), (_, y), (_, z) in zip(a.state_dict().items(), b.state_dict().items(), start.state_dict().items()):

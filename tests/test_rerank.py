@@ -115,9 +115,7 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, cross_encoder, 
     """torchrun with 2 CPU processes of --batch-size 2 ends with the weights of 1 process of --batch-size 4: each
     global batch is split between them, and each query's in-batch negatives are drawn from the whole global batch
     (a cross-encoder's negatives are texts: no gathering, the same draw)."""
-    import os
-    import subprocess
-    import sys
+    from ddp_utils import one_and_two_processes, without_dropout
 
     from bertforge import BertForSequenceClassification
     from bertforge.interop.hf import load_pretrained
@@ -126,24 +124,11 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, cross_encoder, 
              "negative": f"A page about {TOPICS[(i + 3) % len(TOPICS)]} {k} instead."}
             for k in range(2) for i, t in enumerate(TOPICS[:8])]  # 16 rows, no text twice: every batch is full
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    model = tmp_path / "model"  # no dropout: each process draws its own masks
-    import shutil
-
-    shutil.copytree(cross_encoder, model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (model / "config.json").write_text(json.dumps(config))
-    common = ["finetune", "rerank", "--model", str(model), "--train", str(tmp_path / "train.jsonl"), "--dev",
-              str(rerank_data / "beir"), "--candidates", str(rerank_data / "candidates.trec"), "--seq-len", "40",
-              "--precision", "fp32", "--matmul", "torch", "--max-steps", "3", "--lr", "1e-3", "--eval-every", "100",
-              "--num-negatives", "3"]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    for name, launcher, batch in (("one", [], "4"), ("two", ["-m", "torch.distributed.run", "--standalone",
-                                                              "--nproc-per-node", "2"], "2")):
-        args = [sys.executable, *launcher, "-m", "bertforge", *common, "--batch-size", batch, "--out",
-                str(tmp_path / name)]
-        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+    model = without_dropout(cross_encoder, tmp_path / "model")
+    one_and_two_processes(["finetune", "rerank", "--model", str(model), "--train", str(tmp_path / "train.jsonl"),
+                           "--dev", str(rerank_data / "beir"), "--candidates", str(rerank_data / "candidates.trec"),
+                           "--seq-len", "40", "--precision", "fp32", "--matmul", "torch", "--max-steps", "3", "--lr",
+                           "1e-3", "--eval-every", "100", "--num-negatives", "3"], 4, tmp_path)
     a, b, start = (load_pretrained(BertForSequenceClassification, p).state_dict()
                    for p in (tmp_path / "one", tmp_path / "two", model))
     # Float rounding (sums in another order, amplified by Adam) leaves ~4e-6 over 3 steps that moved the weights by up

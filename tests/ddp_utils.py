@@ -1,0 +1,31 @@
+"""torchrun checks shared by the retrieval trainers: one process on the global batch against two that split it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def without_dropout(model: Path, out: Path) -> Path:
+    """A copy of the checkpoint with dropout off: each process would otherwise draw its own masks."""
+    shutil.copytree(model, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def one_and_two_processes(args: list[str], batch: int, out: Path) -> tuple[Path, Path]:
+    """Run `bertforge *args` as 1 process of --batch-size `batch` (into out/one) and as torchrun's 2 CPU processes
+    of `batch // 2` each (out/two); returns the two output directories."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    for name, launcher, size in (("one", [], batch), ("two", ["-m", "torch.distributed.run", "--standalone",
+                                                               "--nproc-per-node", "2"], batch // 2)):
+        done = subprocess.run([sys.executable, *launcher, "-m", "bertforge", *args, "--batch-size", str(size), "--out",
+                               str(out / name)], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return out / "one", out / "two"
