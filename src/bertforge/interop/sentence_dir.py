@@ -9,7 +9,6 @@ and key. `SentencePipeline.__call__` then applies them to the encoder's output.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..models.pooling import POOLING_MODES, SIMILARITIES, pool, similarity  # noqa: F401  (re-exported)
+from .st_files import read_json, read_model_config, read_transformer_settings, version, write_json
 
 # The older Pooling config: one boolean per mode, concatenated in POOLING_MODES order.
 _LEGACY_FLAGS = {f"pooling_mode_{name}": mode for name, mode in (
@@ -96,19 +96,10 @@ class SentencePipeline:
         return x
 
 
-def _json(file: Path) -> Any:
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: missing; modules.json refers to it") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file}: not valid JSON ({exc})") from None
-
-
 def _pooling(folder: Path, hidden_size: int | None) -> tuple[tuple[str, ...], bool]:
     """The pooling modes of a Pooling folder, and its include_prompt."""
     file = folder / "config.json"
-    config = _json(file)
+    config = read_json(file)
     if not isinstance(config, dict):
         raise ConfigError(f"{file}: expected a JSON object")
     mode = config.get("pooling_mode")
@@ -139,7 +130,7 @@ def _dense(folder: Path) -> DenseLayer:
     from .hf import read_weights, weights_files
 
     file = folder / "config.json"
-    config = _json(file)
+    config = read_json(file)
     for key in ("module_input_name", "module_output_name"):
         if config.get(key, "sentence_embedding") != "sentence_embedding":
             raise ConfigError(f"{file}: key '{key}' is {config[key]!r}; only 'sentence_embedding' is supported")
@@ -167,9 +158,14 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
     modules_file = model_dir / "modules.json"
     if not modules_file.is_file() or is_cross_encoder_dir(model_dir):
         return None
-    modules = _json(modules_file)
+    modules = read_json(modules_file)
     if not isinstance(modules, list):
         raise ConfigError(f"{modules_file}: expected a list of modules")
+    from .sparse_dir import is_sparse_dir
+
+    if is_sparse_dir(model_dir):
+        raise ConfigError(f"{model_dir}: a SparseEncoder (SPLADE) directory, not dense sentence vectors; bertforge "
+                          "evaluate retrieval reads it (predict and serve do not yet)")
     pipeline = SentencePipeline(steps=[])
     prompt_excluded_by = None  # the Pooling config that says include_prompt: false, if any
     for i, module in enumerate(sorted(modules, key=lambda m: m.get("idx", 0) if isinstance(m, dict) else 0)):
@@ -198,48 +194,8 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
     if not pipeline.steps or pipeline.steps[0][0] != "pool":
         pipeline.steps.insert(0, ("pool", ("mean",)))  # sentence-transformers adds mean pooling when none is listed
 
-    settings_file = model_dir / "sentence_bert_config.json"
-    if settings_file.is_file():
-        settings = _json(settings_file)
-        pipeline.max_length = settings.get("max_seq_length")
-        pipeline.lowercase = bool(settings.get("do_lower_case", False))
-        for key in ("model_args", "tokenizer_args", "config_args", "processor_kwargs", "model_kwargs", "config_kwargs"):
-            if settings.get(key):
-                raise ConfigError(f"{settings_file}: key '{key}' is not supported; bertforge reads no extra loading "
-                                  "arguments")
-        if settings.get("backend", "torch") != "torch":
-            raise ConfigError(f"{settings_file}: backend {settings['backend']!r}; bertforge reads the torch weights")
-        # sentence-transformers 6 names what the encoder hands on; bertforge implements the text-only default.
-        expected = {"transformer_task": "feature-extraction", "module_output_name": "token_embeddings"}
-        for key, value in expected.items():
-            if settings.get(key, value) != value:
-                raise ConfigError(f"{settings_file}: key '{key}' is {settings[key]!r}; only {value!r} is supported")
-        modality = settings.get("modality_config") or {"text": {}}
-        text = modality.get("text") if isinstance(modality, dict) else None
-        if set(modality) != {"text"} or not isinstance(text, dict) or text.get("method", "forward") != "forward" \
-                or text.get("method_output_name", "last_hidden_state") != "last_hidden_state":
-            raise ConfigError(f"{settings_file}: key 'modality_config' is {modality!r}; only text through the "
-                              "encoder's last hidden state is supported")
-    st_file = model_dir / "config_sentence_transformers.json"
-    if st_file.is_file():
-        st = _json(st_file)
-        similarity = st.get("similarity_fn_name") or "cosine"
-        if similarity not in SIMILARITIES:
-            raise ConfigError(f"{st_file}: similarity_fn_name {similarity!r}; supported: {', '.join(SIMILARITIES)}")
-        pipeline.similarity = similarity
-        prompts = st.get("prompts") or {}
-        if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                    for k, v in prompts.items()):
-            raise ConfigError(f"{st_file}: key 'prompts' must map names to strings")
-        pipeline.prompts = {k: v for k, v in prompts.items()}
-        pipeline.prompt_excluded_by = prompt_excluded_by
-        name = st.get("default_prompt_name")
-        if name:
-            if name not in prompts:
-                raise ConfigError(f"{st_file}: default_prompt_name {name!r} is not one of the prompts")
-            pipeline.prompt = prompts[name]
-            if prompt_excluded_by is not None:  # pooling without the prompt's tokens is not implemented
-                raise ConfigError(f"{prompt_excluded_by}: include_prompt false with a default prompt is not supported")
+    read_transformer_settings(model_dir, pipeline)
+    read_model_config(model_dir, pipeline, SIMILARITIES, prompt_excluded_by)
     return pipeline
 
 
@@ -253,10 +209,10 @@ def is_cross_encoder_dir(model_dir: str | Path) -> bool:
     config_sentence_transformers.json; 3.x-5.x in config.json's `sentence_transformers` key)."""
     model_dir = Path(model_dir)
     st_file = model_dir / "config_sentence_transformers.json"
-    if st_file.is_file() and _json(st_file).get("model_type") == "CrossEncoder":
+    if st_file.is_file() and read_json(st_file).get("model_type") == "CrossEncoder":
         return True
     config = model_dir / "config.json"
-    return config.is_file() and isinstance(_json(config).get("sentence_transformers"), dict)
+    return config.is_file() and isinstance(read_json(config).get("sentence_transformers"), dict)
 
 
 def cross_encoder_activation(model_dir: str | Path) -> str:
@@ -266,10 +222,10 @@ def cross_encoder_activation(model_dir: str | Path) -> str:
     st_file = model_dir / "config_sentence_transformers.json"
     config_file = model_dir / "config.json"
     name, where = None, None
-    if st_file.is_file() and _json(st_file).get("model_type") == "CrossEncoder":
-        name, where = _json(st_file).get("activation_fn"), st_file
-    elif config_file.is_file() and isinstance(_json(config_file).get("sentence_transformers"), dict):
-        name, where = _json(config_file)["sentence_transformers"].get("activation_fn"), config_file
+    if st_file.is_file() and read_json(st_file).get("model_type") == "CrossEncoder":
+        name, where = read_json(st_file).get("activation_fn"), st_file
+    elif config_file.is_file() and isinstance(read_json(config_file).get("sentence_transformers"), dict):
+        name, where = read_json(config_file)["sentence_transformers"].get("activation_fn"), config_file
     if name is None:
         return "sigmoid"
     if name not in CROSS_ENCODER_ACTIVATIONS:
@@ -344,13 +300,13 @@ def save_sentence_dir(encoder, out: str | Path, tokenizer, max_seq_length: int, 
     pooling_dir = out / "1_Pooling"
     pooling_dir.mkdir(parents=True, exist_ok=True)
     mode: Any = encoder.pooling[0] if len(encoder.pooling) == 1 else list(encoder.pooling)
-    _write_json(pooling_dir / "config.json", {"embedding_dimension": encoder.config.hidden_size, "pooling_mode": mode,
+    write_json(pooling_dir / "config.json", {"embedding_dimension": encoder.config.hidden_size, "pooling_mode": mode,
                                               "include_prompt": True})
     for layer in encoder.dense:
         folder = f"{len(modules)}_Dense"
         (out / folder).mkdir(exist_ok=True)
         act = type(layer.activation)
-        _write_json(out / folder / "config.json", {
+        write_json(out / folder / "config.json", {
             "in_features": layer.linear.in_features, "out_features": layer.linear.out_features,
             "bias": layer.linear.bias is not None, "activation_function": f"torch.nn.modules.activation.{act.__name__}"
             if act.__module__.startswith("torch.nn") else act.__name__})
@@ -362,23 +318,11 @@ def save_sentence_dir(encoder, out: str | Path, tokenizer, max_seq_length: int, 
         folder = f"{len(modules)}_Normalize"
         (out / folder).mkdir(exist_ok=True)
         modules.append(("Normalize", folder))
-    _write_json(out / "modules.json", [{"idx": i, "name": str(i), "path": path, "type": _MODULE_TYPES[kind]}
+    write_json(out / "modules.json", [{"idx": i, "name": str(i), "path": path, "type": _MODULE_TYPES[kind]}
                                        for i, (kind, path) in enumerate(modules)])
-    _write_json(out / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    write_json(out / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
     if default_prompt_name is not None and default_prompt_name not in (prompts or {}):
         raise ConfigError(f"default prompt {default_prompt_name!r} is not one of the prompts")
-    _write_json(out / "config_sentence_transformers.json", {
+    write_json(out / "config_sentence_transformers.json", {
         "model_type": "SentenceTransformer", "prompts": prompts or {}, "default_prompt_name": default_prompt_name,
-        "similarity_fn_name": similarity_fn, "__version__": {"bertforge": _version()}})
-
-
-def _write_json(path: Path, value: Any) -> None:
-    from ..safefiles import atomic_write
-
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8"))
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
+        "similarity_fn_name": similarity_fn, "__version__": {"bertforge": version()}})

@@ -47,10 +47,43 @@ class Encoded:
 
     query_ids: list[str]
     doc_ids: list[str]
-    queries: np.ndarray  # float32 [Q, D]
-    documents: np.ndarray  # float32 [N, D]
+    queries: Any  # float32 [Q, D]: a NumPy array, or for a sparse (SPLADE) model a scipy CSR matrix
+    documents: Any  # float32 [N, D], the same
     similarity: str
     prompts: dict[str, str]
+
+    @property
+    def sparse(self) -> bool:
+        return not isinstance(self.documents, np.ndarray)
+
+    def scores(self, query: int, documents: list[int]) -> list[float]:
+        """Query number `query` against the given documents (indices), by the model's similarity."""
+        if self.sparse:
+            return (self.queries[query] @ self.documents[documents].T).toarray()[0].astype(np.float32).tolist()
+        import torch
+
+        from ..models.pooling import similarity
+
+        q = torch.from_numpy(self.queries[query:query + 1])
+        return similarity(q, torch.from_numpy(self.documents[documents]), self.similarity)[0].tolist()
+
+    def search(self, k: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+        """(scores [Q, k'], document indices [Q, k'], what the search cost): exact dense search, or an inverted
+        index over sparse vectors (its memory, the vectors' mean non-zeros and the time per query reported)."""
+        if not self.sparse:
+            return (*dense_top_k(self.queries, self.documents, k, self.similarity), {})
+        import time
+
+        from .sparse_index import InvertedIndex
+
+        index = InvertedIndex(self.documents)
+        started = time.perf_counter()
+        scores, indices = index.search(self.queries, k)
+        per_query = (time.perf_counter() - started) / max(1, self.queries.shape[0])
+        return scores, indices, {
+            "index_mib": index.nbytes / 2**20, "query_ms": per_query * 1e3,
+            "nonzero_per_query": float(self.queries.getnnz(axis=1).mean()) if self.queries.shape[0] else 0.0,
+            "nonzero_per_document": float(self.documents.getnnz(axis=1).mean()) if self.documents.shape[0] else 0.0}
 
 
 def encode_set(model_dir: str, data: RetrievalSet, batch_size: int = 64, seq_len: int | None = None,
@@ -60,8 +93,11 @@ def encode_set(model_dir: str, data: RetrievalSet, batch_size: int = 64, seq_len
     from ..inference.pipelines import embed
     from ..interop.hf import family_of, load_pretrained
     from ..interop.sentence_dir import sentence_pipeline, side_prompt
+    from ..interop.sparse_dir import is_sparse_dir
     from ..tokenization.kinds import load_tokenizer
 
+    if is_sparse_dir(model_dir):
+        return _encode_sparse(model_dir, data, batch_size, seq_len, query_prompt, document_prompt)
     backbone = load_pretrained(family_of(model_dir).backbone, model_dir).eval()
     tokenizer = load_tokenizer(model_dir)
     sentence = sentence_pipeline(model_dir, backbone.config.hidden_size)
@@ -82,6 +118,33 @@ def encode_set(model_dir: str, data: RetrievalSet, batch_size: int = 64, seq_len
     return Encoded(list(queries), doc_ids, q, d, sentence.similarity, prompts)
 
 
+def _encode_sparse(model_dir: str, data: RetrievalSet, batch_size: int, seq_len: int | None,
+                   query_prompt: str | None, document_prompt: str | None) -> Encoded:
+    """`encode_set` for a SparseEncoder (SPLADE) directory: sparse vectors as `SparseEncoder.encode` gives them."""
+    from ..inference.sparse import sparse_embed
+    from ..interop.sentence_dir import side_prompt
+    from ..interop.sparse_dir import load_splade, read_sparse_dir
+    from ..tokenization.kinds import load_tokenizer
+
+    model = load_splade(model_dir).eval()
+    spec = read_sparse_dir(model_dir, model.config.vocab_size)
+    if seq_len is not None:
+        from ..runconfig import check_seq_len
+
+        check_seq_len(seq_len, model.config)
+    tokenizer = load_tokenizer(model_dir)
+    prompts = {"query": query_prompt if query_prompt is not None else side_prompt(spec.prompts, "query") or "",
+               "document": document_prompt if document_prompt is not None
+               else side_prompt(spec.prompts, "document") or ""}
+    common = dict(batch_size=batch_size, max_length=seq_len or spec.max_length, lowercase=spec.lowercase)
+    queries = data.judged_queries()
+    doc_ids = list(data.corpus)
+    q = sparse_embed(model, tokenizer, list(queries.values()), prompt=prompts["query"], **common)
+    d = sparse_embed(model, tokenizer, [data.corpus[i] for i in doc_ids], prompt=prompts["document"], progress=True,
+                     **common)
+    return Encoded(list(queries), doc_ids, q, d, spec.similarity, prompts)
+
+
 def run_retrieval_evaluation(model_dir: str, data_path: str, split: str = "test", top_k: int = 100,
                              batch_size: int = 64, seq_len: int | None = None, query_prompt: str | None = None,
                              document_prompt: str | None = None, measures: str | None = None,
@@ -92,11 +155,12 @@ def run_retrieval_evaluation(model_dir: str, data_path: str, split: str = "test"
         raise InputError("--top-k must be at least 1")
     data = read_retrieval_set(data_path, split)
     enc = encode_set(model_dir, data, batch_size, seq_len, query_prompt, document_prompt)
-    run = as_run(enc.query_ids, enc.doc_ids, *dense_top_k(enc.queries, enc.documents, top_k, enc.similarity))
+    scores, indices, cost = enc.search(top_k)
+    run = as_run(enc.query_ids, enc.doc_ids, scores, indices)
     if run_file:
         write_run(run, run_file, name=Path(model_dir).resolve().name)
     means, _ = evaluate_run(run, data.qrels, names)
     no_relevant = sum(1 for judged in data.qrels.values() if not any(r >= 1 for r in judged.values()))
     return {**means, "queries": len(enc.query_ids), "documents": len(enc.doc_ids),
             "queries_without_relevant": no_relevant, "similarity": enc.similarity,
-            "query_prompt": enc.prompts["query"], "document_prompt": enc.prompts["document"]}
+            "query_prompt": enc.prompts["query"], "document_prompt": enc.prompts["document"], **cost}

@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..errors import InputError
-from ..models.pooling import similarity
 from .beir import positives
 from .evaluate import encode_set, read_retrieval_set
-from .search import dense_top_k
 
 
 @dataclass
@@ -79,7 +76,7 @@ def run_mine(model_dir: str, data_path: str, out: str, settings: MineSettings, s
     relevant = positives(data, where)
     enc = encode_set(model_dir, data, batch_size, None, query_prompt, document_prompt)
     most = max(len(docs) for docs in relevant.values())
-    scores, indices = dense_top_k(enc.queries, enc.documents, settings.range_max + most, enc.similarity)
+    scores, indices, _ = enc.search(settings.range_max + most)
     by_id = {d: i for i, d in enumerate(enc.doc_ids)}
     rows, skipped, positive_scores, negative_scores = [], 0, [], []
     candidates_of: dict[str, list[tuple[str, float]]] = {}
@@ -89,9 +86,7 @@ def run_mine(model_dir: str, data_path: str, out: str, settings: MineSettings, s
         ranked = [(enc.doc_ids[int(i)], float(s)) for s, i in zip(scores[n], indices[n])
                   if enc.doc_ids[int(i)] not in good]
         candidates_of[qid] = ranked[settings.range_min:settings.range_max]
-        q = torch.from_numpy(enc.queries[n:n + 1])
-        docs = torch.from_numpy(enc.documents[[by_id[d] for d in relevant[qid]]])
-        for d, value in zip(relevant[qid], similarity(q, docs, enc.similarity)[0].tolist()):
+        for d, value in zip(relevant[qid], enc.scores(n, [by_id[d] for d in relevant[qid]])):
             positive_of[(qid, d)] = value
     if cross_encoder:
         candidates_of, positive_of = _rescore(cross_encoder, data, candidates_of, positive_of, batch_size)
