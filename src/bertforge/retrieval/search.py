@@ -8,7 +8,7 @@ settings to get wrong. Scores are computed in blocks of queries so memory stays 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -22,11 +22,17 @@ def dense_top_k(queries: np.ndarray, documents: np.ndarray, k: int, kind: str = 
     indices int64 [Q, k']) with k' = min(k, N), best first, by sentence-transformers' similarity `kind`."""
     q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
     d = torch.from_numpy(np.ascontiguousarray(documents, dtype=np.float32))
-    k = min(k, d.shape[0])
+    return blocked_top_k(lambda rows: similarity(q[rows], d, kind), q.shape[0], d.shape[0], k, block)
+
+
+def blocked_top_k(score: Callable[[slice], torch.Tensor], queries: int, documents: int, k: int,
+                  block: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """The top k' = min(k, documents) of every query, `score(rows)` giving a block of queries' scores against every
+    document (float [rows, documents]): (scores float32 [queries, k'], document indices int64 [queries, k'])."""
+    k = min(k, documents)
     scores, indices = [], []
-    for start in range(0, q.shape[0], block):
-        s = similarity(q[start:start + block], d, kind)  # [block, N]
-        top = s.topk(k, dim=1)
+    for start in range(0, queries, block):
+        top = score(slice(start, start + block)).topk(k, dim=1)
         scores.append(top.values)
         indices.append(top.indices)
     if not scores:

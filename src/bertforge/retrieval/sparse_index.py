@@ -30,13 +30,7 @@ class InvertedIndex:
         k' = min(k, N), best first (equal scores are ordered later by document id, as trec_eval orders them)."""
         import torch
 
-        k = min(k, self.documents)
-        scores, indices = [], []
-        for start in range(0, queries.shape[0], block):
-            s = torch.from_numpy((queries[start:start + block] @ self.postings).toarray().astype(np.float32))
-            top = s.topk(k, dim=1)
-            scores.append(top.values)
-            indices.append(top.indices)
-        if not scores:
-            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-        return torch.cat(scores).numpy(), torch.cat(indices).numpy()
+        from .search import blocked_top_k
+
+        return blocked_top_k(lambda rows: torch.from_numpy((queries[rows] @ self.postings).toarray().astype(np.float32)),
+                             queries.shape[0], self.documents, k, block)
