@@ -26,3 +26,19 @@ def kill_after_checkpoint(args: list[str], checkpoints: Path, pattern: str, seed
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed; make it longer"
+
+
+def whole_and_resumed(args_for, tmp_path: Path, seed: int, max_delay: float = 0.3, **env_vars: str) -> tuple[Path, Path]:
+    """Run `bertforge *args_for(out)` once uninterrupted (into tmp_path/whole), and once killed after a checkpoint
+    (`step-*`) then resumed with --resume (tmp_path/killed); both with `env_vars`. Returns the two output folders."""
+    env = dict(os.environ, **env_vars)
+    whole = subprocess.run([sys.executable, "-m", "bertforge", *args_for(tmp_path / "whole")], capture_output=True,
+                           text=True, env=env)
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "killed"
+    kill_after_checkpoint(args_for(out), out / "checkpoints", "step-*", seed=seed, max_delay=max_delay, **env_vars)
+    resumed = subprocess.run([sys.executable, "-m", "bertforge", *args_for(out), "--resume"], capture_output=True,
+                             text=True, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming at step" in resumed.stderr
+    return tmp_path / "whole", out

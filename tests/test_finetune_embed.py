@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -149,27 +148,15 @@ def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, st_dir, data)
     """Killed (SIGKILL) after a checkpoint and resumed, the run ends with the same weights as one that never
     stopped: the batches' order, the Dense layer, the learned scale and the optimizer all come back from the
     checkpoint."""
-    import subprocess
-    import sys
-
-    from kill_utils import kill_after_checkpoint
+    from kill_utils import whole_and_resumed
 
     def args(out: Path) -> list[str]:
         return ["finetune", "embed", "--model", str(st_dir), "--train", str(data / "train.jsonl"), "--dev",
                 str(data / "dev.jsonl"), "--batch-size", "8", "--epochs", "3", "--precision", "fp32", "--matmul",
                 "torch", "--save-every", "2", "--learn-scale", "--out", str(out)]
 
-    env = {"OMP_NUM_THREADS": "1"}
-    whole = subprocess.run([sys.executable, "-m", "bertforge", *args(tmp_path / "whole")], capture_output=True,
-                           text=True, env={**os.environ, **env})
-    assert whole.returncode == 0, whole.stderr
-    out = tmp_path / "killed"
-    kill_after_checkpoint(args(out), out / "checkpoints", "step-*", seed=3, max_delay=0.3, **env)
-    resumed = subprocess.run([sys.executable, "-m", "bertforge", *args(out), "--resume"], capture_output=True,
-                             text=True, env={**os.environ, **env})
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming at step" in resumed.stderr
-    a, b = load_sentence_encoder(tmp_path / "whole"), load_sentence_encoder(out)
+    whole, out = whole_and_resumed(args, tmp_path, seed=3, OMP_NUM_THREADS="1")
+    a, b = load_sentence_encoder(whole), load_sentence_encoder(out)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
     # The learned scale moved from 20, and ended the same in both runs (the model card records it).

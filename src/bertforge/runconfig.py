@@ -323,7 +323,7 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
 
 
 TASKS = ("classify", "regress", "ner", "qa")  # the labelled-data tasks: finetune, distill and evaluate
-FINETUNE_TASKS = (*TASKS, "embed", "rerank")
+FINETUNE_TASKS = (*TASKS, "embed", "rerank", "sparse")
 # Pretraining objectives: masked-LM alone, with a sentence-pair head (BERT's next sentence, ALBERT's order), or
 # ELECTRA's replaced-token detection (a generator and a discriminator).
 OBJECTIVES = ("mlm+nsp", "mlm+sop", "rtd", "mlm")
@@ -449,7 +449,24 @@ class RetrievalTrainConfig(FinetuneConfig):
 
 
 @dataclass
-class EmbedConfig(RetrievalTrainConfig):
+class BiEncoderConfig(RetrievalTrainConfig):
+    """What `finetune embed` and `finetune sparse` share: texts embedded one by one, with prompts, GradCache."""
+
+    query_prompt: str = setting("", "put before every query (a row's first text), saved as the prompt named 'query'")
+    document_prompt: str = setting("", "put before every other text, saved as the prompt named 'document'")
+    mini_batch_size: int | None = setting(None, "GradCache (sentence-transformers' Cached* losses): embed this many "
+                                                "texts at a time, so memory stays flat in --batch-size while the "
+                                                "gradients are the whole batch's")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mini_batch_size is not None and not 1 <= self.mini_batch_size <= self.batch_size:
+            raise ConfigError(f"{flag('mini_batch_size')} {self.mini_batch_size} must lie between 1 and "
+                              f"--batch-size ({self.batch_size})")
+
+
+@dataclass
+class EmbedConfig(BiEncoderConfig):
     """Everything `bertforge finetune embed` takes: fine-tuning's loop and model, a bi-encoder's data and loss."""
 
     task: str = setting("embed", "embed", cli=False)
@@ -460,11 +477,6 @@ class EmbedConfig(RetrievalTrainConfig):
     pooling: str | None = setting(None, "pooling of a checkpoint without one: mean (default), cls, max, ...; replaces a "
                                         "sentence-transformers directory's")
     normalize: bool = setting(False, "add a Normalize module (a sentence-transformers directory keeps its own)")
-    query_prompt: str = setting("", "put before every query (a row's first text), saved as the prompt named 'query'")
-    document_prompt: str = setting("", "put before every other text, saved as the prompt named 'document'")
-    mini_batch_size: int | None = setting(None, "GradCache (sentence-transformers' Cached* losses): embed this many "
-                                                "texts at a time, so memory stays flat in --batch-size while the "
-                                                "gradients are the whole batch's")
     matryoshka_dims: str | None = setting(None, "e.g. 384,256,128,64: train every leading slice of the vectors to "
                                                 "work alone (MatryoshkaLoss: the loss summed over the slices)")
     learn_scale: bool = setting(False, "train the in-batch loss's scale (starting at --scale, default 20) with the "
@@ -477,9 +489,6 @@ class EmbedConfig(RetrievalTrainConfig):
         super().__post_init__()
         if self.similarity not in ("cosine", "dot"):
             raise ConfigError(f"{flag('similarity')} must be cosine or dot, not {self.similarity!r}")
-        if self.mini_batch_size is not None and not 1 <= self.mini_batch_size <= self.batch_size:
-            raise ConfigError(f"{flag('mini_batch_size')} {self.mini_batch_size} must lie between 1 and "
-                              f"--batch-size ({self.batch_size})")
         if not (math.isfinite(self.scale_lr) and self.scale_lr > 0):
             raise ConfigError(f"{flag('scale_lr')} must be a positive number")
         self.dimensions()
@@ -496,6 +505,39 @@ class EmbedConfig(RetrievalTrainConfig):
             raise ConfigError(f"{flag('matryoshka_dims')} must be distinct positive integers such as 384,256,128, "
                               f"not {self.matryoshka_dims!r}")
         return tuple(sorted(dims, reverse=True))
+
+
+@dataclass
+class SparseConfig(BiEncoderConfig):
+    """Everything `bertforge finetune sparse` takes: an embedder's data and loop, SPLADE's head and regularisers."""
+
+    task: str = setting("sparse", "sparse", cli=False)
+    loss: str | None = setting(None, "SparseMultipleNegativesRankingLoss (in-batch negatives; the default for rows), "
+                                     "SparseCoSENTLoss (the default for scored pairs) or SparseMarginMSELoss (a "
+                                     "teacher's scores), each wrapped in SpladeLoss's FLOPS regularisers")
+    pooling: str | None = setting(None, "SPLADE pooling over the tokens: max (default) or sum; replaces a SparseEncoder "
+                                        "directory's")
+    activation: str | None = setting(None, "relu (log(1 + relu), the default) or log1p_relu")
+    query_regularizer_weight: float | None = setting(5e-5, "FLOPS weight on the queries (sentence-transformers' "
+                                                           "documented 5e-5)")
+    document_regularizer_weight: float = setting(3e-5, "FLOPS weight on the documents (sentence-transformers' "
+                                                       "documented 3e-5)")
+    max_active_dims: int | None = setting(None, "keep only this many largest weights per text at inference, saved "
+                                                "with the model (SparseEncoder's max_active_dims)")
+    out: str = setting("bertforge-sparse", "output directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("query_regularizer_weight", "document_regularizer_weight"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{flag(name)} must be 0 or more")
+        if self.pooling is not None and self.pooling not in ("max", "sum"):
+            raise ConfigError(f"{flag('pooling')} must be max or sum, not {self.pooling!r}")
+        if self.activation is not None and self.activation not in ("relu", "log1p_relu"):
+            raise ConfigError(f"{flag('activation')} must be relu or log1p_relu, not {self.activation!r}")
+        if self.max_active_dims is not None and self.max_active_dims < 1:
+            raise ConfigError(f"{flag('max_active_dims')} must be a positive integer")
 
 
 @dataclass

@@ -20,7 +20,8 @@ from ..errors import BertforgeError
 from ..heartbeat import phase
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
-from ..runconfig import DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig, RerankConfig
+from ..runconfig import (DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig, RerankConfig,
+                         SparseConfig)
 from .build import command, settings_from
 
 app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -40,7 +41,7 @@ kernels_app = typer.Typer(rich_markup_mode=None, invoke_without_command=True,
 app.add_typer(kernels_app, name="kernels", help="the native CPU kernels: their cache's state, or build them now")
 finetune_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                            help="Fine-tune a checkpoint for a task: classify, regress, ner, qa, or embed and rerank (retrieval).")
-app.add_typer(finetune_app, name="finetune", help="fine-tune a checkpoint (classify, regress, ner, qa, embed, rerank)")
+app.add_typer(finetune_app, name="finetune", help="fine-tune a checkpoint (classify, regress, ner, qa, embed, rerank, sparse)")
 evaluate_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                            help="Score a model: classify, regress, ner, qa on labelled files; retrieval and rerank on a "
                                 "BEIR folder.")
@@ -232,6 +233,13 @@ _FINETUNE_HELP = {
     MultipleNegativesRankingLoss over their own and in-batch negatives. Reranking the --candidates
     run of the --dev queries (nDCG@10) selects the model, which sentence-transformers' CrossEncoder
     loads and `serve` answers /rerank with.""",
+    "sparse": """Fine-tune a SPLADE sparse encoder (one weight per vocabulary word) for retrieval.
+
+    From any family checkpoint with a masked-LM head, or a sentence-transformers SparseEncoder
+    directory. Rows are read by column shape as for embed; sentence-transformers' sparse losses
+    are wrapped in SpladeLoss's FLOPS regularisers (query and document weights, warmed up over
+    the first third of the steps). Retrieval on the --dev BEIR folder through an exact inverted
+    index (nDCG@10) selects the model, written as a SparseEncoder directory.""",
 }
 _FINETUNE_COMMON = """
 
@@ -241,7 +249,7 @@ _FINETUNE_COMMON = """
 
 def _finetune_command(task: str) -> None:
     """`bertforge finetune TASK`: one subcommand per task, each its config class's flags with its task set."""
-    settings_class = {"embed": EmbedConfig, "rerank": RerankConfig}.get(task, FinetuneConfig)
+    settings_class = {"embed": EmbedConfig, "rerank": RerankConfig, "sparse": SparseConfig}.get(task, FinetuneConfig)
 
     def finetune(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
                  **settings: Any) -> None:

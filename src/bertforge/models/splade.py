@@ -64,6 +64,10 @@ class SpladeEncoder(nn.Module):
             out = prune(out, self.max_active_dims)
         return out
 
+    # A training checkpoint holds the masked-LM model in the Hugging Face layout (`checkpoint.py`).
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        return {"": self.mlm}
+
 
 def prune(vectors: torch.Tensor, k: int) -> torch.Tensor:
     """Keep each row's `k` largest weights, zero the rest (float [B, V] -> [B, V])."""

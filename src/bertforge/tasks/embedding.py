@@ -89,6 +89,7 @@ class EmbeddingTask:
 
     main_metric = "ndcg@10"
     greater_is_better = True
+    losses = LOSSES  # name -> (function, the rows it trains on, default scale)
 
     def __init__(self, data: TupleData, dev: RetrievalSet, tokenizer: Tokenizer, seq_len: int, batch_size: int,
                  seed: int, loss: str, scale: float | None, similarity: str, prompts: Prompts,
@@ -97,7 +98,7 @@ class EmbeddingTask:
         self.data, self.dev, self.tokenizer = data, dev, tokenizer
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.loss_name = loss
-        self.loss_fn, _, default_scale = LOSSES[loss]
+        self.loss_fn, _, default_scale = self.losses[loss]
         self.scale = default_scale if scale is None else scale
         self.similarity, self.prompts, self.eval_batch_size = similarity, prompts, eval_batch_size
         self.mini_batch_size, self.dims = mini_batch_size, dims

@@ -21,12 +21,39 @@ queries = model.encode(["how do tides work?"]{query_prompt})
 documents = model.encode(["Tides are caused by the moon's gravity."]{document_prompt})
 print(model.similarity(queries, documents))
 ```''',
+    "sparse": '''```python
+from sentence_transformers import SparseEncoder
+
+model = SparseEncoder("{path}")
+queries = model.encode_query(["how do tides work?"])
+documents = model.encode_document(["Tides are caused by the moon's gravity."])
+print(model.similarity(queries, documents))
+```''',
     "rerank": '''```python
 from sentence_transformers import CrossEncoder
 
 model = CrossEncoder("{path}")
 print(model.predict([("how do tides work?", "Tides are caused by the moon's gravity.")]))
 ```''',
+}
+
+
+# kind -> (Hub tags, pipeline tag, (title, what it is))
+_KINDS = {
+    "embed": ("sentence-transformers, sentence-similarity, feature-extraction", "sentence-similarity",
+              ("An embedder", "a bi-encoder: one vector per text")),
+    "sparse": ("sentence-transformers, sparse-encoder, splade, feature-extraction", "feature-extraction",
+               ("A SPLADE sparse encoder", "one weight per vocabulary word, searched with an inverted index")),
+    "rerank": ("sentence-transformers, cross-encoder, text-ranking", "text-ranking",
+               ("A reranker", "a cross-encoder: one relevance score per (query, passage) pair")),
+}
+
+
+_SERVING = {
+    "embed": "bertforge serves it as well: `bertforge serve --model {path}` (OpenAI `/v1/embeddings`, TEI `/embed` "
+             "with `prompt_name`).",
+    "rerank": "bertforge serves it as well: `bertforge serve --model {path}` (TEI `/rerank`).",
+    "sparse": "`bertforge evaluate retrieval --model {path}` scores it through an exact inverted index.",
 }
 
 
@@ -38,7 +65,15 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
                 "epochs": cfg.epochs, "max steps": cfg.max_steps, "warmup": cfg.warmup,
                 "weight decay": cfg.weight_decay, "max sequence length": task.seq_len, "seed": cfg.seed,
                 "precision": cfg.precision}
-    if kind == "embed":
+    if kind == "sparse":
+        settings.update({"similarity": "dot (sparse vectors over the vocabulary)",
+                         "SPLADE head": task.head,
+                         "query FLOPS weight": cfg.query_regularizer_weight,
+                         "document FLOPS weight": cfg.document_regularizer_weight,
+                         "regulariser warm-up": "quadratic over the first third of the steps",
+                         "max active dims": cfg.max_active_dims, "GradCache mini-batch": task.mini_batch_size,
+                         "query prompt": task.prompts.query or None, "document prompt": task.prompts.document or None})
+    elif kind == "embed":
         learned = getattr(task, "learned_scale", None)
         scale = (f"learned (--learn-scale, rate {cfg.scale_lr:g}): {task.scale:g} at the start, {learned:.4g} at the "
                  "end" if learned is not None else task.scale)
@@ -50,17 +85,13 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
                          "MultipleNegativesRankingLoss" else None, "positive weight": cfg.pos_weight,
                          "candidates reranked": cfg.rerank_top_k})
     metrics = {k: v for k, v in results.items() if isinstance(v, float) and k != "seconds"}
-    tags = ("sentence-transformers, sentence-similarity, feature-extraction" if kind == "embed"
-            else "sentence-transformers, cross-encoder, text-ranking")
-    pipeline = "sentence-similarity" if kind == "embed" else "text-ranking"
-    prompts = task.prompts.named() if kind == "embed" else {}
+    tags, pipeline, what = _KINDS[kind]
+    prompts = task.prompts.named() if kind != "rerank" else {}
     lines = [
         "---", "library_name: sentence-transformers", f"pipeline_tag: {pipeline}", f"tags: [{tags}, bertforge]",
         f"base_model: {cfg.model}", "---", "",
-        f"# {'An embedder' if kind == 'embed' else 'A reranker'} trained with bertforge", "",
-        f"Fine-tuned from `{cfg.model}` with `bertforge finetune {kind}`"
-        + (" (a bi-encoder: one vector per text)." if kind == "embed" else
-           " (a cross-encoder: one relevance score per (query, passage) pair)."), "",
+        f"# {what[0]} trained with bertforge", "",
+        f"Fine-tuned from `{cfg.model}` with `bertforge finetune {kind}` ({what[1]}).", "",
         "## Training data", "",
         f"- `{data.source}`: {len(data.rows):,} rows of {data.shape} (columns: {', '.join(data.columns)})", "",
         "## Training settings", "",
@@ -72,8 +103,7 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
         "## Usage", "",
         _USAGE[kind].format(path=out.name, query_prompt=', prompt_name="query"' if "query" in prompts else "",
                             document_prompt=', prompt_name="document"' if "document" in prompts else ""), "",
-        "bertforge serves it as well: `bertforge serve --model " + out.name + "`"
-        + (" (OpenAI `/v1/embeddings`, TEI `/embed` with `prompt_name`)." if kind == "embed" else " (TEI `/rerank`)."),
+        _SERVING[kind].format(path=out.name),
         "", "## The run's settings", "", "```json", dumps({k: v for k, v in vars(cfg).items()
                                                           if not k.startswith("_")}, indent=2), "```", "",
     ]

@@ -72,6 +72,8 @@ class Task(Protocol):
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]: ...
 
+    # Optional: `begin_step(step, total_steps or None)` before each optimizer step, for a loss with a schedule.
+
 
 class Trainer:
     """Runs a `Task` on a model to the stopping rule, checkpointing and logging along the way."""
@@ -253,6 +255,8 @@ class Trainer:
         if finished and (c.eval_every or c.eval_each_epoch):
             last_eval = self._evaluate()  # its rows are in metrics.jsonl already; the summary needs the numbers
         while stop_reason is None:
+            if hasattr(self.task, "begin_step"):  # a loss that follows the schedule (SPLADE's regulariser warm-up)
+                self.task.begin_step(step, self.state["horizon"])
             try:
                 grad_norm, lr = self._optimizer_step(step, window)
             except RuntimeError as error:
