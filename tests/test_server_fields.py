@@ -64,6 +64,9 @@ def test_inference_api_options_and_parameters(prompted):
     close(vectors, model.encode(SENTENCES[:2]))
     status, vectors, headers = post(port, "/embed", {"inputs": SENTENCES[:2], "options": {"use_gpu": True}})
     assert status == 200 and headers["x-bertforge-ignored"] == "options.use_gpu", headers
+    # A key HTTP cannot carry bare in a header (here ending in a space) is said back quoted, not a dropped connection.
+    status, _, headers = post(port, "/embed", {"inputs": "0", "options": {" ": None}})
+    assert status == 200 and headers["x-bertforge-ignored"] == '"options. "', headers
     # The feature-extraction parameters: the query prompt, as SentenceTransformer.encode(prompt_name=...).
     status, vectors, _ = post(port, "/", {"inputs": SENTENCES[:2], "parameters": {"prompt_name": "query"}})
     assert status == 200

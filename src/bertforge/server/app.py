@@ -125,8 +125,14 @@ class Drain:
 
 def ignored_header(fields: list[str], most: int = 10) -> str:
     """The X-Bertforge-Ignored header's value: the fields, as JSON escapes them to ASCII (a header is Latin-1 and a
-    client's key may be anything), at most `most` of them and 1,000 characters."""
-    said = ", ".join(json.dumps(f)[1:-1] for f in fields[:most])
+    client's key may be anything), at most `most` of them and 1,000 characters. A name a header cannot carry bare
+    (empty, with a comma, or ending in a space: HTTP strips or refuses those, and uvicorn dropped the connection on
+    `options.' '`) keeps its JSON quotes."""
+    def one(field: str) -> str:
+        bare = json.dumps(field)[1:-1]
+        return bare if bare and bare == bare.strip() and "," not in bare and '"' not in bare else json.dumps(field)
+
+    said = ", ".join(one(f) for f in fields[:most])
     said = said if len(said) <= 1000 else said[:997] + "..."
     return said + (f", and {len(fields) - most} more" if len(fields) > most else "")
 
@@ -169,6 +175,9 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
 
     async def submit(name: str, items: list, tokens: int) -> list:
         """Run `items` (holding `tokens` tokens) through endpoint `name`'s batcher, if admitted."""
+        if name == "embed" and service.splade is not None:
+            raise Refused(404, f"this model ({service.architecture}) is a SPLADE sparse encoder: its vectors are "
+                               "sparse, one weight per vocabulary word; ask /embed_sparse")
         if name not in batchers:
             raise Refused(404, f"this model ({service.architecture}) has no {HEADS.get(name, name)} head, which this "
                                "route needs")
