@@ -158,3 +158,28 @@ def test_unsupported_sparse_directories_are_refused_in_one_line(tmp_path, minilm
     for folder, message in cases:
         with pytest.raises(ConfigError, match=message):
             read_sparse_dir(folder)
+
+
+def test_serve_answers_embed_sparse_as_sparse_encoder_encodes(tmp_path, minilm_dir):
+    """`bertforge serve` on a SparseEncoder directory: TEI's /embed_sparse gives SparseEncoder.encode's non-zero words
+    and weights ([{index, value}] by index), with a named prompt; dense routes refuse in one line."""
+    from server_utils import call, running_server
+
+    path = _sparse_dir(tmp_path, "bert", minilm_dir, vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=37)
+    config = json.loads((path / "config_sentence_transformers.json").read_text())
+    config["prompts"] = {"query": "query: ", "document": ""}
+    (path / "config_sentence_transformers.json").write_text(json.dumps(config))
+    theirs = SparseEncoder(str(path), device="cpu")
+    expected = theirs.encode(TEXTS[:2], prompt_name="query", convert_to_tensor=True).to_dense().numpy()
+    with running_server(path) as (port, _):
+        status, body = call(port, "/embed_sparse", {"inputs": TEXTS[:2], "prompt_name": "query"})
+        assert status == 200 and len(body) == 2
+        for row, want in zip(body, expected):
+            indices = [item["index"] for item in row]
+            assert indices == sorted(indices) and indices == list(np.flatnonzero(want))
+            assert np.abs(np.array([item["value"] for item in row]) - want[indices]).max() < 1e-5
+        status, body = call(port, "/v1/embeddings", {"input": "hi", "model": "splade"})
+        assert status in (400, 404) and "SPLADE sparse encoder" in json.dumps(body)
+        status, info = call(port, "/info", method="GET")
+        assert "/embed" not in info["endpoints"]

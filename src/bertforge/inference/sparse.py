@@ -16,19 +16,21 @@ from .loop import device_of, run_sorted
 
 
 @torch.no_grad()
-def sparse_embed(model: SpladeEncoder, tokenizer: Tokenizer, texts: list[str], batch_size: int = 32,
-                 max_length: int | None = None, prompt: str = "", lowercase: bool = False,
-                 progress: bool = False):
-    """Sparse vectors of `texts` (each with `prompt` before it): scipy.sparse.csr_matrix float32 [len(texts), V], in
-    input order, exactly the weights `SparseEncoder.encode` gives (its max_active_dims pruning included)."""
+def sparse_embed(model: SpladeEncoder, tokenizer: Tokenizer, texts: list[str | list[int]], batch_size: int = 32,
+                 max_length: int | None = None, prompt: str = "", lowercase: bool = False, progress: bool = False,
+                 truncation_side: str = "right"):
+    """Sparse vectors of `texts` (each with `prompt` before it; a list of token ids is used as given): scipy.sparse
+    csr_matrix float32 [len(texts), V], in input order, exactly the weights `SparseEncoder.encode` gives (its
+    max_active_dims pruning included). A long input is cut on `truncation_side`."""
     from scipy import sparse
+
+    from .pipelines import _features
 
     model.eval()
     if lowercase:
         tokenizer = tokenizer.lowercased()
     limit = min(max_length or tokenizer.model_max_length, model.config.max_sequence_length)
-    enc = tokenizer([prompt + t for t in texts], truncation=True, max_length=limit, return_token_type_ids=True)
-    features = [{"input_ids": i, "token_type_ids": t} for i, t in zip(enc["input_ids"], enc["token_type_ids"])]
+    features = _features(tokenizer, [prompt + t if isinstance(t, str) else t for t in texts], limit, truncation_side)
 
     def step(batch: dict, rows: list[int]) -> list:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -39,3 +41,13 @@ def sparse_embed(model: SpladeEncoder, tokenizer: Tokenizer, texts: list[str], b
     if not rows:
         return sparse.csr_matrix((0, model.dimension), dtype=np.float32)
     return sparse.vstack(rows, format="csr").astype(np.float32)
+
+
+def sparse_items(vectors) -> list[list[dict]]:
+    """Each row of a CSR matrix as TEI's /embed_sparse gives it: [{"index": word id, "value": weight}], by index."""
+    out = []
+    for n in range(vectors.shape[0]):
+        row = vectors.getrow(n)
+        order = np.argsort(row.indices, kind="stable")
+        out.append([{"index": int(row.indices[i]), "value": float(row.data[i])} for i in order])
+    return out

@@ -165,6 +165,11 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
         prompt_name: None = NO_PROMPTS
         options: InferenceOptions | None = OPTIONS
 
+    class TEIEmbedSparse(TEIEmbedAll):
+        """TEI's body of /embed_sparse: a SPLADE model's sparse vector of each input, with a named prompt."""
+
+        prompt_name: PromptName = PROMPT_NAME
+
     class EmbedParameters(Body):
         """The Inference API's feature-extraction parameters (the same settings as TEI's top-level fields)."""
 
@@ -346,7 +351,8 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
 
     return {"texts": Texts, "embed": either("texts", Texts, TEIEmbed), "fill-mask": MaskedTexts,
             "classify": ClassifyTexts, "qa": either("items", QAItems, QAItem), "rerank": TEIRerankOrCohere,
-            "tokenize": Tokenize, "openai": OpenAIEmbeddings, "embed_all": TEIEmbedAll, "predict": TEIPredict,
+            "tokenize": Tokenize, "openai": OpenAIEmbeddings, "embed_all": TEIEmbedAll, "embed_sparse": TEIEmbedSparse,
+            "predict": TEIPredict,
             "similarity": TEISimilarity, "decode": Decode, "hf-classify": HFClassify, "hf-fill-mask": HFFillMask,
             "hf-tokens": HFTokens, "hf-qa": HFQA, "tei-embed": TEIEmbed, "tei-rerank": TEIRerank,
             "cohere-rerank": CohereRerank, "cohere-embed": CohereEmbed}

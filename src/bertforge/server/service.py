@@ -95,7 +95,13 @@ class Service:
         self.tokenizer = load_tokenizer(model_dir)
         self.counter = load_tokenizer(model_dir)
         self.counter_lock = threading.Lock()
-        self.sentence = sentence_pipeline(model_dir, self.config.hidden_size)
+        from ..interop.sparse_dir import is_sparse_dir
+
+        self.splade = None
+        if is_sparse_dir(model_dir):  # a SPLADE model: sparse vectors (/embed_sparse), never dense ones
+            self.splade, self.sentence = self._sparse(model_dir, head)
+        else:
+            self.sentence = sentence_pipeline(model_dir, self.config.hidden_size)
         self.activation = cross_encoder_activation(model_dir)  # a reranker's score: its CrossEncoder settings
         # The vectors are computed without a final Normalize step, which each endpoint applies
         # itself: the model's own setting for bertforge's /embed and OpenAI's, the request's
@@ -106,10 +112,12 @@ class Service:
         dense = [arg for kind, arg in steps if kind == "dense"]
         pooled = self.config.hidden_size * len(self.sentence.pooling)  # pooling modes are concatenated
         self.dimension = dense[-1].out_features if dense else pooled
+        if self.splade is not None:
+            self.dimension = self.config.vocab_size
         self.backbone = getattr(self.model, "backbone", self.model)
         self.name = limits.served_model_name or Path(model_dir).resolve().name
         torch.set_grad_enabled(False)
-        self.tasks = {"embed", *head.tasks}
+        self.tasks = {"embed", *head.tasks} if self.splade is None else {"splade", *head.tasks}
         # Reranking reads a cross-encoder: a sequence classifier with one relevance logit (or two
         # classes, "not relevant" and "relevant", whose second probability is the score).
         if "classify" in self.tasks and self.config.num_labels in (1, 2):
@@ -126,6 +134,7 @@ class Service:
                 model, tok, texts, top_k=top_k, targets=list(targets) if targets else None)),
             "classify": grouped(self.classify_items),
             "rerank": grouped(self.relevance),
+            "splade": grouped(self.sparse_vectors),
             "ner": grouped(lambda texts, aggregation, stride: pipelines.ner(model, tok, texts, aggregation, stride)),
             "qa": grouped(lambda items, max_length, stride, max_answer_len: pipelines.answer(
                 model, tok, items, max_length=max_length, stride=stride, max_answer_len=max_answer_len)),
@@ -192,6 +201,29 @@ class Service:
         `prompt` replaces the default prompt (None: the directory's default)."""
         return list(pipelines.embed(self.backbone, self.tokenizer, inputs, sentence=self.raw_sentence,
                                     truncation_side=side, prompt=prompt))
+
+    def sparse_vectors(self, inputs: list[str | list[int]], side: str = "right", prompt: str | None = None) -> list:
+        """A SPLADE model's sparse vectors, one scipy CSR row [1, V] per input; `prompt` as in `embed_vectors`."""
+        from ..inference.sparse import sparse_embed
+
+        rows = sparse_embed(self.splade, self.tokenizer, inputs, max_length=self.embed_max_tokens,
+                            prompt=self.sentence.prompt if prompt is None else prompt,
+                            lowercase=self.sentence.lowercase, truncation_side=side)
+        return [rows.getrow(n) for n in range(rows.shape[0])]
+
+    @staticmethod
+    def _sparse(model_dir: str, head) -> tuple:
+        """(SpladeEncoder on the eager masked-LM model, the directory's settings as a SentencePipeline: its prompts,
+        maximum length and lower-casing; its pooling is never used, since no dense vector is served)."""
+        from ..interop.sentence_dir import SentencePipeline
+        from ..interop.sparse_dir import read_sparse_dir
+        from ..models.splade import SpladeEncoder
+
+        mlm = head.cls.from_pretrained(model_dir).eval()
+        spec = read_sparse_dir(model_dir, mlm.config.vocab_size)
+        sentence = SentencePipeline(max_length=spec.max_length, lowercase=spec.lowercase, prompt=spec.prompt,
+                                    similarity=spec.similarity, prompts=spec.prompts)
+        return SpladeEncoder(mlm, spec.pooling, spec.activation, spec.max_active_dims).eval(), sentence
 
     def classify_items(self, items: list[tuple[str, str | None]], side: str = "right") -> list[dict]:
         """(text, pair or None) items from any mix of requests: singles and pairs run as two batches.

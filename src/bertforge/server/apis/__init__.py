@@ -20,7 +20,7 @@ from ..service import Service
 from . import bertforge, cohere, inference_api, openai, tei
 from .common import Api, Submit
 
-# The head each route needs (None: every model answers it); /embed_sparse answers no model bertforge serves.
+# The head each route needs (None: every model answers it); /embed_sparse answers a SPLADE model alone.
 ROUTE_TASKS: dict[str, str | None] = {
     "/embed": "embed", "/embed_all": "embed", "/similarity": "embed", "/embeddings": "embed", "/v1/embeddings": "embed",
     "/v1/embed": "embed", "/v2/embed": "embed", "/tokenize": None, "/decode": None, "/": None, "/invocations": None,

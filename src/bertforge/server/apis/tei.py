@@ -1,5 +1,5 @@
 """text-embeddings-inference's routes, with TEI 1.9's request and answer shapes: POST /embed, /embed_all,
-/embed_sparse (refused: no SPLADE model is served), /predict, /rerank, /similarity, /tokenize, /decode.
+/embed_sparse (a SPLADE model's sparse vectors), /predict, /rerank, /similarity, /tokenize, /decode.
 /embed and /rerank also take bertforge's `{"texts"}` and Cohere's `{"documents"}`, chosen by the body's keys.
 (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)"""
 
@@ -7,6 +7,7 @@
 import numpy as np
 
 from ...inference.hf_pipeline import ranked
+from ...inference.sparse import sparse_items
 from ..errors import Refused
 from .bertforge import embed_texts
 from .cohere import rerank as cohere_rerank
@@ -92,6 +93,7 @@ async def similarity_tei(api: Api, body) -> list[float]:
 def add(api: Api) -> None:
     service, bodies = api.service, api.bodies
     EmbedBody, EmbedAllBody, PredictBody = bodies["embed"], bodies["embed_all"], bodies["predict"]
+    EmbedSparseBody = bodies["embed_sparse"]
     RerankBody, SimilarityBody, TokenizeBody, DecodeBody = (bodies["rerank"], bodies["similarity"], bodies["tokenize"],
                                                             bodies["decode"])
     most = service.embed_max_tokens
@@ -111,10 +113,20 @@ def add(api: Api) -> None:
                                  sum(min(n, most) for n in counts))
         return [v.tolist() for v in found]
 
-    @api.post("/embed_sparse", "tei", "sparse (SPLADE) vectors: refused, as no SPLADE model is served")
-    async def embed_sparse(body: EmbedAllBody):
-        raise Refused(404, f"this model ({service.architecture}) is not a SPLADE model: /embed_sparse needs a "
-                           "sentence-transformers SparseEncoder directory, which bertforge does not serve; use /embed")
+    @api.post("/embed_sparse", "tei", "a SPLADE model's sparse vectors: [{'index', 'value'}] per input (TEI's "
+                                      "/embed_sparse)")
+    async def embed_sparse(body: EmbedSparseBody):
+        if service.splade is None:
+            raise Refused(404, f"this model ({service.architecture}) is not a SPLADE model: /embed_sparse needs a "
+                               "sentence-transformers SparseEncoder directory; use /embed")
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        counts = api.counted(texts, "inputs", most, api.truncates(body.truncate))
+        prompt = api.prompt("prompt_name", name=body.prompt_name)
+        found = await api.submit("splade", [(t, (side_of(body.truncation_direction), prompt)) for t in texts],
+                                 sum(min(n, most) for n in counts))
+        from scipy import sparse
+
+        return sparse_items(sparse.vstack(found, format="csr")) if found else []
 
     @api.post("/predict", "tei", "classify a text, a pair [text, text], or a batch of them (TEI's /predict)")
     async def predict(body: PredictBody):
