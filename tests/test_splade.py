@@ -183,3 +183,25 @@ def test_serve_answers_embed_sparse_as_sparse_encoder_encodes(tmp_path, minilm_d
         assert status in (400, 404) and "SPLADE sparse encoder" in json.dumps(body)
         status, info = call(port, "/info", method="GET")
         assert "/embed" not in info["endpoints"]
+
+
+def test_predict_embed_gives_sparse_weights(tmp_path, minilm_dir, capsys):
+    """`predict embed` on a SparseEncoder directory: each text's words and weights (heaviest first) and TEI's
+    [{index, value}], equal to SparseEncoder.encode; --sparse on a dense directory is refused in one line."""
+    from bertforge.cli import main
+
+    path = _sparse_dir(tmp_path, "bert", minilm_dir, vocab_size=30522, hidden_size=32, num_hidden_layers=1,
+                       num_attention_heads=4, intermediate_size=37)
+    assert main(["predict", "embed", "--model", str(path), "--sparse", *TEXTS[:2]]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    expected = SparseEncoder(str(path), device="cpu").encode(TEXTS[:2], convert_to_tensor=True).to_dense().numpy()
+    tokenizer = load_tokenizer(path)
+    for row, want, text in zip(rows, expected, TEXTS):
+        assert row["text"] == text
+        assert [item["index"] for item in row["sparse"]] == list(np.flatnonzero(want))
+        weights = list(row["weights"].values())
+        assert weights == sorted(weights, reverse=True)
+        top = int(np.argmax(want))
+        assert row["weights"][tokenizer.convert_ids_to_tokens([top])[0]] == pytest.approx(float(want[top]), abs=1e-5)
+    assert main(["predict", "embed", "--model", str(minilm_dir), "--sparse", "hi"]) == 2
+    assert "--sparse: " in capsys.readouterr().err

@@ -507,7 +507,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
             pooling: Literal["mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken",
                              "pooler"] | None = None,
             normalize: bool = False, against: str | None = None, null_threshold: float | None = None,
-            backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0]) -> None:
+            backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0], sparse: bool = False) -> None:
     """Run a model on texts: fill-mask, classify, ner, qa, embed, similarity.
 
     Inputs are the TEXTS given, a file (--input: one per line, or JSONL objects such as
@@ -528,6 +528,8 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
         normalize: embed: L2-normalise the vectors
         against: similarity: file of candidates; print the --top-k matches of each input
         null_threshold: qa (SQuAD v2 models): answer '' above this null margin
+        sparse: embed: the model is a SparseEncoder (SPLADE) directory (found by itself; the flag checks it): each
+            text's non-zero words and weights, {token: weight} and TEI's [{index, value}]
         backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
             torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
             CPUs with AMX or AVX512-BF16; close to, not equal to, the fp32 numbers), compiled
@@ -543,7 +545,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
     for row in run_predict(task, model, inputs, top_k=top_k, targets=targets.split(",") if targets else None,
                            joint=joint, aggregation=aggregation, pooling=pooling, normalize=True if normalize else None,
                            against=candidates, batch_size=batch_size, null_threshold=null_threshold,
-                           progress=bool(input) and sys.stderr.isatty(), backend=backend):
+                           progress=bool(input) and sys.stderr.isatty(), backend=backend, sparse=sparse):
         print(dumps(row, ensure_ascii=False), flush=True)
 
 

@@ -34,12 +34,22 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
                 joint: bool = False, aggregation: str = "first", pooling: str | None = None,
                 normalize: bool | None = None, against: list[str] | None = None, batch_size: int = 32,
                 null_threshold: float | None = None, progress: bool = False,
-                backend: str = INFERENCE_BACKENDS[0]) -> Iterator[dict]:
+                backend: str = INFERENCE_BACKENDS[0], sparse: bool = False) -> Iterator[dict]:
     from ..tokenization.kinds import load_tokenizer
     from . import backends, pipelines
 
     if task not in TASKS:
         raise InputError(f"unknown task {task!r}; use one of {', '.join(TASKS)}")
+    from ..interop.sparse_dir import is_sparse_dir
+
+    if is_sparse_dir(model_dir):
+        if task != "embed":
+            raise InputError(f"{model_dir}: a SparseEncoder (SPLADE) directory; predict embed gives its sparse vectors")
+        yield from _sparse_rows(model_dir, [_text_of(item, i)[0] for i, item in enumerate(inputs)], batch_size,
+                                progress)
+        return
+    if sparse:
+        raise InputError(f"--sparse: {model_dir} is not a SparseEncoder (SPLADE) directory")
     if backend not in backends.BACKENDS:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(backends.BACKENDS)}")
     model = backends.load(load_for(task, model_dir), backend)
@@ -95,3 +105,21 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
             scores = [float(similarity(x[None], y[None], sentence.similarity)[0, 0]) for x, y in zip(a, b)]
             for text, pair, score in zip(texts, pairs, scores):
                 yield {"text": text, "text_pair": pair, "similarity": score}
+
+
+def _sparse_rows(model_dir: str, texts: list[str], batch_size: int, progress: bool) -> Iterator[dict]:
+    """`predict embed` on a SPLADE directory: each text's non-zero words, heaviest first, as {token: weight}, and the
+    same as TEI's [{index, value}] (by index)."""
+    from ..interop.sparse_dir import load_splade, read_sparse_dir
+    from ..tokenization.kinds import load_tokenizer
+    from .sparse import sparse_embed, sparse_items
+
+    model = load_splade(model_dir).eval()
+    spec = read_sparse_dir(model_dir, model.config.vocab_size)
+    tokenizer = load_tokenizer(model_dir)
+    vectors = sparse_embed(model, tokenizer, texts, batch_size, spec.max_length, spec.prompt, spec.lowercase, progress)
+    for text, items in zip(texts, sparse_items(vectors)):
+        heaviest = sorted(items, key=lambda item: -item["value"])
+        words = tokenizer.convert_ids_to_tokens([item["index"] for item in heaviest])
+        yield {"text": text, "weights": {w: round(item["value"], 7) for w, item in zip(words, heaviest)},
+               "sparse": items}
