@@ -80,6 +80,9 @@ def test_losses_equal_sentence_transformers():
     for name, (fn, rows, scale) in LOSSES.items():
         if rows == SCORED_PAIRS:
             cases.append((name, fn, scale, columns[:2], scores))
+        elif rows == SCORED_TUPLES and name == "DistillKLDivLoss":  # listwise: the teacher's score of every passage
+            cases += [(name, fn, scale, columns + [torch.randn(6, 8, dtype=torch.float64)], teacher),
+                      (name, fn, 0.5, columns, teacher[:, :2])]
         elif rows == SCORED_TUPLES:  # one margin per negative, or the teacher's scores (positive first)
             four = columns + [torch.randn(6, 8, dtype=torch.float64)]
             cases += [(name, fn, scale, four, margins), (name, fn, scale, four, teacher),
@@ -87,7 +90,9 @@ def test_losses_equal_sentence_transformers():
         else:
             cases.append((name, fn, scale, columns, None))
     for name, fn, scale, used, labels in cases:
-        expected = getattr(losses, name)(model).compute_loss_from_embeddings(used, labels)
+        theirs = (getattr(losses, name)(model, temperature=scale) if name == "DistillKLDivLoss"
+                  else getattr(losses, name)(model))
+        expected = theirs.compute_loss_from_embeddings(used, labels)
         ours = fn(used, labels, scale, "cosine").item()
         assert ours == pytest.approx(expected.item(), rel=1e-6), name  # CosineSimilarityLoss casts scores to float32
 
@@ -187,6 +192,8 @@ def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, st_dir, data)
     ([{"a": "x", "b": "y", "label": 0.5}], ("--learn-scale",), r"--learn-scale: CoSENTLoss's scale is fixed"),
     ([{"a": "x", "b": "y"}], ("--learn-scale", "--scale", "200"), r"a learned scale starts at most at 100"),
     ([{"a": "x", "b": "y"}], ("--learn-scale", "--scale-lr", "0"), r"scale_lr \(--scale-lr\) must be a positive"),
+    ([{"a": "x", "b": "y", "c": "z", "score": 1}], ("--loss", "kl"), r"--loss DistillKLDivLoss needs the teacher's "
+                                                                     r"score of every passage \(the positive's, then"),
 ])
 def test_bad_training_data_is_refused_in_one_line(tmp_path, st_dir, data, capsys, rows, flags, message):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -68,6 +68,7 @@ def _flags(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ("SparseMultipleNegativesRankingLoss", 3, None),
     ("SparseCoSENTLoss", 2, torch.tensor([0.1, 0.9, 0.4, 0.7])),
     ("SparseMarginMSELoss", 3, torch.tensor([0.5, -0.2, 1.0, 0.3])),
+    ("SparseDistillKLDivLoss", 4, torch.tensor([[3.0, 1.0, 0.5], [2.0, 2.5, 0.1], [0.2, 0.1, 0.0], [5.0, 1.0, 4.0]])),
 ])
 def test_losses_equal_splade_loss(name, columns, scores):
     """On the same non-negative vectors, the task's loss is SpladeLoss(base loss) at full regulariser weights: the

@@ -471,8 +471,9 @@ class EmbedConfig(BiEncoderConfig):
 
     task: str = setting("embed", "embed", cli=False)
     loss: str | None = setting(None, "MultipleNegativesRankingLoss (in-batch negatives; the default for rows), "
-                                     "MultipleNegativesSymmetricRankingLoss, CoSENTLoss (the default for scored pairs) "
-                                     "or CosineSimilarityLoss")
+                                     "MultipleNegativesSymmetricRankingLoss, CoSENTLoss (the default for scored pairs), "
+                                     "CosineSimilarityLoss, MarginMSELoss (the default for a teacher's scores) or "
+                                     "DistillKLDivLoss")
     similarity: str = setting("cosine", "similarity function: cosine or dot (saved as the model's similarity_fn_name)")
     pooling: str | None = setting(None, "pooling of a checkpoint without one: mean (default), cls, max, ...; replaces a "
                                         "sentence-transformers directory's")
@@ -513,8 +514,9 @@ class SparseConfig(BiEncoderConfig):
 
     task: str = setting("sparse", "sparse", cli=False)
     loss: str | None = setting(None, "SparseMultipleNegativesRankingLoss (in-batch negatives; the default for rows), "
-                                     "SparseCoSENTLoss (the default for scored pairs) or SparseMarginMSELoss (a "
-                                     "teacher's scores), each wrapped in SpladeLoss's FLOPS regularisers")
+                                     "SparseCoSENTLoss (the default for scored pairs), SparseMarginMSELoss (a "
+                                     "teacher's scores) or SparseDistillKLDivLoss, each wrapped in SpladeLoss's FLOPS "
+                                     "regularisers")
     pooling: str | None = setting(None, "SPLADE pooling over the tokens: max (default) or sum; replaces a SparseEncoder "
                                         "directory's")
     activation: str | None = setting(None, "relu (log(1 + relu), the default) or log1p_relu")

@@ -85,6 +85,17 @@ def margin_mse(columns: list[torch.Tensor], scores: torch.Tensor, scale: float =
     return F.mse_loss(margins, margin_targets(scores, len(negatives)).to(margins.dtype))
 
 
+def distill_kl_div(columns: list[torch.Tensor], scores: torch.Tensor, scale: float = 1.0,
+                   kind: str = "dot") -> torch.Tensor:
+    """DistillKLDivLoss (listwise distillation): KL(teacher || student) between the softmax over each row's passages
+    of the teacher's scores (float [B, passages], the positive's first) and of the student's dot products, both at
+    temperature `scale`, times scale^2, averaged over rows. Dot product, as sentence-transformers computes it."""
+    query = columns[0]
+    student = torch.stack([(query * passage).sum(-1) for passage in columns[1:]], dim=1) / scale
+    teacher = scores.detach().to(student.dtype) / scale
+    return F.kl_div(student.log_softmax(dim=1), teacher.softmax(dim=1), reduction="batchmean") * scale ** 2
+
+
 def margin_targets(scores: torch.Tensor, negatives: int) -> torch.Tensor:
     """A teacher's margins float [B, negatives] from what a row gives: one margin [B], the margins [B, n], or the
     scores [B, n + 1] (the positive's first), as sentence-transformers' MarginMSE losses read them."""
@@ -114,10 +125,11 @@ LOSSES: dict[str, tuple[Callable[..., torch.Tensor], str, float]] = {
     "CoSENTLoss": (cosent, SCORED_PAIRS, 20.0),
     "CosineSimilarityLoss": (cosine_similarity, SCORED_PAIRS, 1.0),
     "MarginMSELoss": (margin_mse, SCORED_TUPLES, 1.0),
+    "DistillKLDivLoss": (distill_kl_div, SCORED_TUPLES, 1.0),  # its "scale" is the temperature
 }
 ALIASES = {"mnrl": "MultipleNegativesRankingLoss", "in-batch": "MultipleNegativesRankingLoss",
            "mnrl-symmetric": "MultipleNegativesSymmetricRankingLoss", "cosent": "CoSENTLoss",
-           "cosine": "CosineSimilarityLoss", "margin-mse": "MarginMSELoss"}
+           "cosine": "CosineSimilarityLoss", "margin-mse": "MarginMSELoss", "kl": "DistillKLDivLoss"}
 DEFAULT_LOSS = {ROWS: "MultipleNegativesRankingLoss", SCORED_PAIRS: "CoSENTLoss", SCORED_TUPLES: "MarginMSELoss"}
 
 
@@ -126,10 +138,15 @@ def data_kind(columns: int, scored: bool) -> str:
     return ROWS if not scored else SCORED_PAIRS if columns == 2 else SCORED_TUPLES
 
 
+# Listwise losses: they need the teacher's score of every passage of a row, not margins.
+EVERY_SCORE = ("ListNetLoss", "DistillKLDivLoss", "SparseDistillKLDivLoss")
+
+
 def resolve_loss(name: str | None, data, rows_of: dict[str, str], aliases: dict[str, str],
                  defaults: dict[str, str]) -> str:
     """`--loss` (a sentence-transformers class name or a short alias) as a class name, checked against the rows
-    `data` (a `TupleData`) holds; None picks `defaults[kind of rows]`. `rows_of`: each loss's kind of rows."""
+    `data` (a `TupleData`) holds; None picks `defaults[kind of rows]`. `rows_of`: each loss's kind of rows. A
+    listwise loss (`EVERY_SCORE`) is refused on rows whose teacher gives margins."""
     from ..errors import InputError
 
     kind = data_kind(len(data.columns), data.scores is not None)
@@ -142,6 +159,10 @@ def resolve_loss(name: str | None, data, rows_of: dict[str, str], aliases: dict[
         fitting = [n for n, rows in rows_of.items() if rows == kind]
         raise InputError(f"--loss {full} trains on {rows_of[full]}; {data.source} holds {data.shape}: use "
                          f"{' or '.join(fitting)}")
+    given = len(data.scores[0]) if full in EVERY_SCORE and isinstance(data.scores[0], (list, tuple)) else 1
+    if full in EVERY_SCORE and given != len(data.columns) - 1:
+        raise InputError(f"--loss {full} needs the teacher's score of every passage (the positive's, then each "
+                         f"negative's: {len(data.columns) - 1} per row); {data.source} gives margins")
     return full
 
 

@@ -36,11 +36,7 @@ DEFAULT_RERANK_LOSS = {SCORED_PAIRS: "BinaryCrossEntropyLoss", ROWS: "MultipleNe
 
 def rerank_loss_name(name: str | None, data: TupleData) -> str:
     """`--loss` as a sentence-transformers cross-encoder loss name, checked against the data's shape."""
-    full = resolve_loss(name, data, RERANK_LOSSES, RERANK_ALIASES, DEFAULT_RERANK_LOSS)
-    if full == "ListNetLoss" and np.size(data.scores[0]) != len(data.columns) - 1:
-        raise InputError(f"--loss ListNetLoss needs the teacher's score of every passage (the positive's, then each "
-                         f"negative's: {len(data.columns) - 1} per row); {data.source} gives margins")
-    return full
+    return resolve_loss(name, data, RERANK_LOSSES, RERANK_ALIASES, DEFAULT_RERANK_LOSS)
 
 
 class RerankTask:

@@ -24,7 +24,7 @@ from ..retrieval.search import as_run
 from ..retrieval.sparse_index import InvertedIndex
 from ..tokenization.tokenizer import Tokenizer
 from .embedding import EmbeddingTask, Prompts
-from .embedding_losses import (ROWS, SCORED_PAIRS, SCORED_TUPLES, cosent, gather, margin_mse,
+from .embedding_losses import (ROWS, SCORED_PAIRS, SCORED_TUPLES, cosent, distill_kl_div, gather, margin_mse,
                                multiple_negatives_ranking, resolve_loss)
 
 # sentence-transformers' sparse losses: (function, rows, default scale, the similarity it compares with).
@@ -32,9 +32,10 @@ SPARSE_LOSSES: dict[str, tuple[Callable[..., torch.Tensor], str, float, str]] = 
     "SparseMultipleNegativesRankingLoss": (multiple_negatives_ranking, ROWS, 1.0, "dot"),
     "SparseCoSENTLoss": (cosent, SCORED_PAIRS, 20.0, "cosine"),
     "SparseMarginMSELoss": (margin_mse, SCORED_TUPLES, 1.0, "dot"),
+    "SparseDistillKLDivLoss": (distill_kl_div, SCORED_TUPLES, 2.0, "dot"),  # its "scale" is the temperature
 }
 SPARSE_ALIASES = {"mnrl": "SparseMultipleNegativesRankingLoss", "in-batch": "SparseMultipleNegativesRankingLoss",
-                  "cosent": "SparseCoSENTLoss", "margin-mse": "SparseMarginMSELoss"}
+                  "cosent": "SparseCoSENTLoss", "margin-mse": "SparseMarginMSELoss", "kl": "SparseDistillKLDivLoss"}
 SPARSE_DEFAULTS = {ROWS: "SparseMultipleNegativesRankingLoss", SCORED_PAIRS: "SparseCoSENTLoss",
                    SCORED_TUPLES: "SparseMarginMSELoss"}
 
