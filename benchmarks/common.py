@@ -73,6 +73,22 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def mean_std(values: list[float]) -> dict:
+    """Mean and sample standard deviation (0 for one value) of a measure over seeds, with the values."""
+    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "values": values}
+
+
+def bertforge_json(*args: str) -> dict:
+    """One `python -m bertforge ... --json` command in its own process; its last JSON line (exits on failure)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "bertforge", *args, "--json"], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bertforge {' '.join(args[:2])} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def save(name: str, result: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import DATA, machine, minilm_dir, need, save
+from .common import DATA, machine, mean_std, minilm_dir, need, save
 
 
 def pairs_file(squad_set: Path, out: Path, count: int) -> Path:
@@ -89,10 +89,6 @@ def ndcg(model: Path, squad_set: Path) -> dict:
         sys.exit(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
-
-def mean_std(values: list[float]) -> dict:
-    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
 
 
 def main() -> None:

@@ -32,23 +32,13 @@ import argparse
 import json
 import random
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .common import DATA, machine, minilm_dir, need, save
+from .common import DATA, bertforge_json as bertforge, machine, mean_std, minilm_dir, need, save
 from .embed_vs_st import pairs_file
 
-
-def bertforge(*args: str) -> dict:
-    """One `bertforge ... --json` command; its last JSON line."""
-    done = subprocess.run([sys.executable, "-m", "bertforge", *args, "--json"], capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"bertforge {' '.join(args[:2])} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def qrels_sample(squad_set: Path, split: str, name: str, count: int, seed: int = 0) -> str:
@@ -88,10 +78,6 @@ def encoder_only(model: Path, out: Path) -> Path:
             shutil.copy(f, out / f.name)
     return out
 
-
-def mean_std(values: list[float]) -> dict:
-    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
 
 
 def verdict(before: dict, after: dict) -> str:

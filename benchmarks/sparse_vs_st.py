@@ -32,16 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import DATA, machine, minilm_dir, need, save
+from .common import DATA, bertforge_json as bertforge, machine, mean_std, minilm_dir, need, save
 from .embed_vs_st import pairs_file
 
-
-def bertforge(*args: str) -> dict:
-    """One `bertforge ... --json` command; its last JSON line."""
-    done = subprocess.run([sys.executable, "-m", "bertforge", *args, "--json"], capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"bertforge {' '.join(args[:2])} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def with_mlm_head(out: Path, steps: int) -> Path:
@@ -97,10 +90,6 @@ def bm25(squad_set: Path) -> dict:
            for q, row, row_scores in zip(queries, found, scores)}
     return evaluate_run(run, data.qrels)[0]
 
-
-def mean_std(values: list[float]) -> dict:
-    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
 
 
 def main() -> None:
