@@ -172,7 +172,7 @@ def test_serve_answers_embed_sparse_as_sparse_encoder_encodes(tmp_path, minilm_d
     (path / "config_sentence_transformers.json").write_text(json.dumps(config))
     theirs = SparseEncoder(str(path), device="cpu")
     expected = theirs.encode(TEXTS[:2], prompt_name="query", convert_to_tensor=True).to_dense().numpy()
-    with running_server(path) as (port, _):
+    with running_server(path) as (port, _):  # the default backend (fused, in place): SPLADE shares the served model
         status, body = call(port, "/embed_sparse", {"inputs": TEXTS[:2], "prompt_name": "query"})
         assert status == 200 and len(body) == 2
         for row, want in zip(body, expected):

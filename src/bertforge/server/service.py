@@ -99,7 +99,7 @@ class Service:
 
         self.splade = None
         if is_sparse_dir(model_dir):  # a SPLADE model: sparse vectors (/embed_sparse), never dense ones
-            self.splade, self.sentence = self._sparse(model_dir, head)
+            self.splade, self.sentence = self._sparse(model_dir, head, self.model)
         else:
             self.sentence = sentence_pipeline(model_dir, self.config.hidden_size)
         self.activation = cross_encoder_activation(model_dir)  # a reranker's score: its CrossEncoder settings
@@ -212,14 +212,17 @@ class Service:
         return [rows.getrow(n) for n in range(rows.shape[0])]
 
     @staticmethod
-    def _sparse(model_dir: str, head) -> tuple:
+    def _sparse(model_dir: str, head, served) -> tuple:
         """(SpladeEncoder on the eager masked-LM model, the directory's settings as a SentencePipeline: its prompts,
-        maximum length and lower-casing; its pooling is never used, since no dense vector is served)."""
+        maximum length and lower-casing; its pooling is never used, since no dense vector is served). `served` is the
+        model as --backend loaded it: the same module under `torch` and `fused` (fused in place), used as it is;
+        another backend's wrapper (bf16, ONNX, JAX) does not expose the masked-LM head's parts, so SPLADE gets its own
+        eager copy."""
         from ..interop.sentence_dir import SentencePipeline
         from ..interop.sparse_dir import read_sparse_dir
         from ..models.splade import SpladeEncoder
 
-        mlm = head.cls.from_pretrained(model_dir).eval()
+        mlm = served if isinstance(served, head.cls) else head.cls.from_pretrained(model_dir).eval()
         spec = read_sparse_dir(model_dir, mlm.config.vocab_size)
         sentence = SentencePipeline(max_length=spec.max_length, lowercase=spec.lowercase, prompt=spec.prompt,
                                     similarity=spec.similarity, prompts=spec.prompts)
