@@ -99,12 +99,21 @@ def test_texts_encode_to_sparse_encoders_vectors(tmp_path, minilm_dir, pooling, 
     assert np.abs(again.numpy() - got).max() < 1e-5
 
 
+def exact_measures(scores: np.ndarray, beir: Path, k: int) -> dict[str, float]:
+    """trec_eval's measures of the run that keeps each query's `k` best documents by `scores` [Q, N] (query q{i},
+    document d{j}), on the folder's test qrels."""
+    from bertforge.retrieval.beir import read_beir
+    from bertforge.retrieval.metrics import evaluate_run
+
+    run = {f"q{i}": {f"d{j}": float(scores[i, j]) for j in np.argsort(-scores[i], kind="stable")[:k]}
+           for i in range(len(scores))}
+    return evaluate_run(run, read_beir(beir, "test").qrels)[0]
+
+
 def test_sparse_retrieval_is_scored_through_an_inverted_index(tmp_path, minilm_dir):
     """`evaluate retrieval` on a SPLADE directory: its run equals exact dot products of SparseEncoder's own vectors,
     and the index's size and the vectors' non-zeros are reported."""
-    from bertforge.retrieval.beir import read_beir
     from bertforge.retrieval.evaluate import run_retrieval_evaluation
-    from bertforge.retrieval.metrics import evaluate_run
 
     path = _sparse_dir(tmp_path, "bert", minilm_dir, vocab_size=30522, hidden_size=32, num_hidden_layers=2,
                        num_attention_heads=4, intermediate_size=37)
@@ -120,11 +129,7 @@ def test_sparse_retrieval_is_scored_through_an_inverted_index(tmp_path, minilm_d
     theirs = SparseEncoder(str(path), device="cpu")
     q = theirs.encode(queries, convert_to_tensor=True).to_dense()
     d = theirs.encode(docs, convert_to_tensor=True).to_dense()
-    scores = (q @ d.T).numpy()
-    run = {f"q{i}": {f"d{j}": float(scores[i, j]) for j in np.argsort(-scores[i], kind="stable")[:4]}
-           for i in range(len(queries))}
-    expected, _ = evaluate_run(run, read_beir(beir, "test").qrels)
-    for name, value in expected.items():
+    for name, value in exact_measures((q @ d.T).numpy(), beir, 4).items():
         assert result[name] == pytest.approx(value, abs=1e-6), name
     assert result["similarity"] == "dot" and result["index_mib"] > 0
     assert result["nonzero_per_document"] == pytest.approx(float((d > 0).sum(1).float().mean()))
@@ -182,7 +187,7 @@ def test_serve_answers_embed_sparse_as_sparse_encoder_encodes(tmp_path, minilm_d
         status, body = call(port, "/v1/embeddings", {"input": "hi", "model": "splade"})
         assert status in (400, 404) and "SPLADE sparse encoder" in json.dumps(body)
         status, info = call(port, "/info", method="GET")
-        assert "/embed" not in info["endpoints"]
+        assert "/embed" not in info["endpoints"] and "/embed_sparse" in info["endpoints"]
 
 
 def test_predict_embed_gives_sparse_weights(tmp_path, minilm_dir, capsys):

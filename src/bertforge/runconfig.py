@@ -323,7 +323,7 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
 
 
 TASKS = ("classify", "regress", "ner", "qa")  # the labelled-data tasks: finetune, distill and evaluate
-FINETUNE_TASKS = (*TASKS, "embed", "rerank", "sparse")
+FINETUNE_TASKS = (*TASKS, "embed", "rerank", "sparse", "colbert")
 # Pretraining objectives: masked-LM alone, with a sentence-pair head (BERT's next sentence, ALBERT's order), or
 # ELECTRA's replaced-token detection (a generator and a discriminator).
 OBJECTIVES = ("mlm+nsp", "mlm+sop", "rtd", "mlm")
@@ -540,6 +540,38 @@ class SparseConfig(BiEncoderConfig):
             raise ConfigError(f"{flag('activation')} must be relu or log1p_relu, not {self.activation!r}")
         if self.max_active_dims is not None and self.max_active_dims < 1:
             raise ConfigError(f"{flag('max_active_dims')} must be a positive integer")
+
+
+@dataclass
+class ColbertConfig(RetrievalTrainConfig):
+    """Everything `bertforge finetune colbert` takes: an embedder's data and loop, ColBERT's settings and losses."""
+
+    task: str = setting("colbert", "colbert", cli=False)
+    loss: str | None = setting(None, "PyLate's Contrastive (in-batch and hard negatives; the default for rows) or "
+                                     "Distillation (KL from a teacher's score of every passage)")
+    dim: int = setting(128, "the token vectors' size (a new projection's; a ColBERT directory keeps its own)")
+    query_length: int | None = setting(None, "tokens per query, its prefix and [MASK] expansion included "
+                                             "(default: the directory's, else 32)")
+    document_length: int | None = setting(None, "tokens per document at most, its prefix included (default: the "
+                                                "directory's, else 180)")
+    attend_to_expansion_tokens: bool | None = setting(None, "let the encoder attend to a query's [MASK] expansion "
+                                                            "(default: the directory's, else no)")
+    no_query_expansion: bool = setting(False, "no [MASK] expansion: queries keep their own tokens only")
+    temperature: float = setting(1.0, "Contrastive: the MaxSim scores are divided by it (PyLate's default 1)")
+    out: str = setting("bertforge-colbert", "output directory")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.scale is not None:
+            raise ConfigError(f"{flag('scale')}: ColBERT's Contrastive loss takes --temperature")
+        if self.dim < 1:
+            raise ConfigError(f"{flag('dim')} must be a positive integer")
+        for name in ("query_length", "document_length"):
+            value = getattr(self, name)
+            if value is not None and value < 2:
+                raise ConfigError(f"{flag(name)} must be at least 2 (the prefix and one token)")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"{flag('temperature')} must be a positive number")
 
 
 @dataclass

@@ -20,8 +20,8 @@ from ..errors import BertforgeError
 from ..heartbeat import phase
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
-from ..runconfig import (DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig, RerankConfig,
-                         SparseConfig)
+from ..runconfig import (ColbertConfig, DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig,
+                         RerankConfig, SparseConfig)
 from .build import command, settings_from
 
 app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -41,7 +41,7 @@ kernels_app = typer.Typer(rich_markup_mode=None, invoke_without_command=True,
 app.add_typer(kernels_app, name="kernels", help="the native CPU kernels: their cache's state, or build them now")
 finetune_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                            help="Fine-tune a checkpoint for a task: classify, regress, ner, qa, or embed and rerank (retrieval).")
-app.add_typer(finetune_app, name="finetune", help="fine-tune a checkpoint (classify, regress, ner, qa, embed, rerank, sparse)")
+app.add_typer(finetune_app, name="finetune", help="fine-tune a checkpoint (classify, regress, ner, qa, embed, rerank, sparse, colbert)")
 evaluate_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                            help="Score a model: classify, regress, ner, qa on labelled files; retrieval and rerank on a "
                                 "BEIR folder.")
@@ -233,6 +233,14 @@ _FINETUNE_HELP = {
     MultipleNegativesRankingLoss over their own and in-batch negatives. Reranking the --candidates
     run of the --dev queries (nDCG@10) selects the model, which sentence-transformers' CrossEncoder
     loads and `serve` answers /rerank with.""",
+    "colbert": """Fine-tune a ColBERT late-interaction model (one small vector per token, scored by MaxSim).
+
+    From any family checkpoint ([Q]/[D] prefix tokens and a --dim projection are added, as PyLate
+    adds them) or a PyLate ColBERT directory. Queries are expanded with [MASK] to --query-length;
+    documents drop punctuation. (query, positive[, negatives...]) rows train with PyLate's
+    Contrastive loss over in-batch and hard negatives; rows with a teacher's score of every
+    passage with its Distillation loss. Exact MaxSim retrieval on the --dev BEIR folder (nDCG@10)
+    selects the model, written as a PyLate directory.""",
     "sparse": """Fine-tune a SPLADE sparse encoder (one weight per vocabulary word) for retrieval.
 
     From any family checkpoint with a masked-LM head, or a sentence-transformers SparseEncoder
@@ -249,7 +257,8 @@ _FINETUNE_COMMON = """
 
 def _finetune_command(task: str) -> None:
     """`bertforge finetune TASK`: one subcommand per task, each its config class's flags with its task set."""
-    settings_class = {"embed": EmbedConfig, "rerank": RerankConfig, "sparse": SparseConfig}.get(task, FinetuneConfig)
+    settings_class = {"embed": EmbedConfig, "rerank": RerankConfig, "sparse": SparseConfig,
+                      "colbert": ColbertConfig}.get(task, FinetuneConfig)
 
     def finetune(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
                  **settings: Any) -> None:
@@ -507,7 +516,8 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
             pooling: Literal["mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken",
                              "pooler"] | None = None,
             normalize: bool = False, against: str | None = None, null_threshold: float | None = None,
-            backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0], sparse: bool = False) -> None:
+            backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0], sparse: bool = False,
+            multi_vector: bool = False, is_query: bool = False) -> None:
     """Run a model on texts: fill-mask, classify, ner, qa, embed, similarity.
 
     Inputs are the TEXTS given, a file (--input: one per line, or JSONL objects such as
@@ -530,6 +540,9 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
         null_threshold: qa (SQuAD v2 models): answer '' above this null margin
         sparse: embed: the model is a SparseEncoder (SPLADE) directory (found by itself; the flag checks it): each
             text's non-zero words and weights, {token: weight} and TEI's [{index, value}]
+        multi_vector: embed: the model is a ColBERT (PyLate) directory: each text's token vectors ("embeddings"),
+            encoded as a document (punctuation dropped) unless --is-query
+        is_query: embed --multi-vector: encode the texts as queries (prefix, [MASK] expansion to query_length)
         backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
             torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
             CPUs with AMX or AVX512-BF16; close to, not equal to, the fp32 numbers), compiled
@@ -545,7 +558,8 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
     for row in run_predict(task, model, inputs, top_k=top_k, targets=targets.split(",") if targets else None,
                            joint=joint, aggregation=aggregation, pooling=pooling, normalize=True if normalize else None,
                            against=candidates, batch_size=batch_size, null_threshold=null_threshold,
-                           progress=bool(input) and sys.stderr.isatty(), backend=backend, sparse=sparse):
+                           progress=bool(input) and sys.stderr.isatty(), backend=backend, sparse=sparse,
+                           multi_vector=multi_vector, is_query=is_query):
         print(dumps(row, ensure_ascii=False), flush=True)
 
 

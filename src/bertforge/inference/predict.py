@@ -34,7 +34,8 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
                 joint: bool = False, aggregation: str = "first", pooling: str | None = None,
                 normalize: bool | None = None, against: list[str] | None = None, batch_size: int = 32,
                 null_threshold: float | None = None, progress: bool = False,
-                backend: str = INFERENCE_BACKENDS[0], sparse: bool = False) -> Iterator[dict]:
+                backend: str = INFERENCE_BACKENDS[0], sparse: bool = False, multi_vector: bool = False,
+                is_query: bool = False) -> Iterator[dict]:
     from ..tokenization.kinds import load_tokenizer
     from . import backends, pipelines
 
@@ -50,6 +51,20 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
         return
     if sparse:
         raise InputError(f"--sparse: {model_dir} is not a SparseEncoder (SPLADE) directory")
+    from ..interop.colbert_dir import is_colbert_dir
+
+    if is_colbert_dir(model_dir) != multi_vector:
+        raise InputError(f"{model_dir}: a ColBERT (late-interaction) directory; predict embed --multi-vector gives its "
+                         "token vectors" if not multi_vector else
+                         f"--multi-vector: {model_dir} is not a ColBERT (PyLate) directory")
+    if multi_vector:
+        if task != "embed":
+            raise InputError("--multi-vector: only predict embed gives token vectors")
+        yield from _multi_vector_rows(model_dir, [_text_of(item, i)[0] for i, item in enumerate(inputs)], is_query,
+                                      batch_size, progress)
+        return
+    if is_query:
+        raise InputError("--is-query: only for a ColBERT model (--multi-vector)")
     if backend not in backends.BACKENDS:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(backends.BACKENDS)}")
     model = backends.load(load_for(task, model_dir), backend)
@@ -105,6 +120,19 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
             scores = [float(similarity(x[None], y[None], sentence.similarity)[0, 0]) for x, y in zip(a, b)]
             for text, pair, score in zip(texts, pairs, scores):
                 yield {"text": text, "text_pair": pair, "similarity": score}
+
+
+def _multi_vector_rows(model_dir: str, texts: list[str], is_query: bool, batch_size: int, progress: bool
+                       ) -> Iterator[dict]:
+    """`predict embed --multi-vector` on a ColBERT directory: each text's kept token vectors, as documents or (with
+    --is-query) as queries, as PyLate's `ColBERT.encode(..., is_query=...)` gives them."""
+    from ..interop.colbert_dir import load_colbert
+    from .multi_vector import multi_vector_embed
+
+    model, spec, tokenizer = load_colbert(model_dir)
+    for text, vectors in zip(texts, multi_vector_embed(model, tokenizer, spec, texts, is_query, batch_size,
+                                                       progress=progress)):
+        yield {"text": text, "embeddings": vectors.tolist()}
 
 
 def _sparse_rows(model_dir: str, texts: list[str], batch_size: int, progress: bool) -> Iterator[dict]:

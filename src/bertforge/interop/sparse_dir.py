@@ -10,13 +10,14 @@ Every key is honoured or refused in one line naming the file and key; the infere
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..models.splade import SPLADE_ACTIVATIONS, SPLADE_POOLING, SpladeEncoder
-from .st_files import read_json, read_model_config, read_transformer_settings, version, write_json
+from .st_files import (DirectorySettings, read_json, read_model_config, read_modules, read_transformer_settings,
+                       version, write_json)
 
 SPARSE_SIMILARITIES = ("dot",)
 _TRANSFORMERS = ("Transformer", "MLMTransformer")
@@ -24,18 +25,13 @@ _POOLING_TYPE = "sentence_transformers.sparse_encoder.modules.splade_pooling.Spl
 
 
 @dataclass
-class SparseSpec:
+class SparseSpec(DirectorySettings):
     """What a SparseEncoder directory says: the SPLADE head's settings and the encoder's."""
 
     pooling: str = "max"
     activation: str = "relu"
     max_active_dims: int | None = None
-    max_length: int | None = None
-    lowercase: bool = False
-    prompt: str = ""
     similarity: str = "dot"
-    prompts: dict[str, str] = field(default_factory=dict)
-    prompt_excluded_by: Path | None = None
 
 
 def is_sparse_dir(model_dir: str | Path) -> bool:
@@ -59,18 +55,15 @@ def read_sparse_dir(model_dir: str | Path, vocab_size: int | None = None) -> Spa
     """The SPLADE settings of a SparseEncoder directory, every key honoured or refused in one line."""
     model_dir = Path(model_dir)
     modules_file = model_dir / "modules.json"
-    modules = read_json(modules_file)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
-                                                for m in modules):
-        raise ConfigError(f"{modules_file}: expected a list of modules, each with a 'type'")
-    kinds = [m["type"].rsplit(".", 1)[-1] for m in sorted(modules, key=lambda m: m.get("idx", 0))]
+    modules = read_modules(model_dir)
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
     if "Router" in kinds or "SparseStaticEmbedding" in kinds:
         raise ConfigError(f"{modules_file}: an inference-free SPLADE model (Router, SparseStaticEmbedding) is not read "
                           "by bertforge yet; it reads a fill-mask Transformer then SpladePooling")
     if kinds[:1] and kinds[0] not in _TRANSFORMERS or kinds[1:] != ["SpladePooling"]:
         raise ConfigError(f"{modules_file}: modules {', '.join(kinds)}; bertforge reads SparseEncoder directories of "
                           "a fill-mask Transformer then SpladePooling")
-    first = sorted(modules, key=lambda m: m.get("idx", 0))
+    first = modules
     if first[0].get("path", "") != "":
         raise ConfigError(f"{modules_file}: the Transformer module is at {first[0].get('path')!r}; bertforge reads "
                           "directories whose encoder is at the top level")

@@ -8,10 +8,24 @@ SentenceTransformer and a SparseEncoder directory; each key is honoured or refus
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+
+
+@dataclass
+class DirectorySettings:
+    """What every sentence-transformers directory says, as `read_transformer_settings` and `read_model_config` fill
+    it: the longest input, lower-casing, the default prompt, the similarity, the named prompts."""
+
+    max_length: int | None = None
+    lowercase: bool = False
+    prompt: str = ""
+    similarity: str = "cosine"
+    prompts: dict[str, str] = field(default_factory=dict)
+    prompt_excluded_by: Path | None = None
 
 
 def read_json(file: Path) -> Any:
@@ -21,6 +35,16 @@ def read_json(file: Path) -> Any:
         raise ConfigError(f"{file}: missing; modules.json refers to it") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: not valid JSON ({exc})") from None
+
+
+def read_modules(model_dir: Path) -> list[dict[str, Any]]:
+    """modules.json's modules in their order (`idx`), each checked to be an object with a 'type'."""
+    modules_file = model_dir / "modules.json"
+    modules = read_json(modules_file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
+                                                for m in modules):
+        raise ConfigError(f"{modules_file}: expected a list of modules, each with a 'type'")
+    return sorted(modules, key=lambda m: m.get("idx", 0))
 
 
 def read_transformer_settings(model_dir: Path, pipeline: Any, task: str = "feature-extraction",

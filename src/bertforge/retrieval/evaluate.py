@@ -47,17 +47,26 @@ class Encoded:
 
     query_ids: list[str]
     doc_ids: list[str]
-    queries: Any  # float32 [Q, D]: a NumPy array, or for a sparse (SPLADE) model a scipy CSR matrix
+    queries: Any  # float32 [Q, D]: a NumPy array; a scipy CSR matrix (SPLADE); a list of [n_i, D] arrays (ColBERT)
     documents: Any  # float32 [N, D], the same
     similarity: str
     prompts: dict[str, str]
 
     @property
+    def multi_vector(self) -> bool:
+        return isinstance(self.documents, list)
+
+    @property
     def sparse(self) -> bool:
-        return not isinstance(self.documents, np.ndarray)
+        return not isinstance(self.documents, (np.ndarray, list))
 
     def scores(self, query: int, documents: list[int]) -> list[float]:
         """Query number `query` against the given documents (indices), by the model's similarity."""
+        if self.multi_vector:
+            from .late_interaction import maxsim_scores
+
+            return maxsim_scores([self.queries[query]], [self.documents[i] for i in documents],
+                                 self.queries[query].shape[1])[0].tolist()
         if self.sparse:
             return (self.queries[query] @ self.documents[documents].T).toarray()[0].astype(np.float32).tolist()
         import torch
@@ -70,6 +79,19 @@ class Encoded:
     def search(self, k: int) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
         """(scores [Q, k'], document indices [Q, k'], what the search cost): exact dense search, or an inverted
         index over sparse vectors (its memory, the vectors' mean non-zeros and the time per query reported)."""
+        if self.multi_vector:
+            import time
+
+            from .late_interaction import maxsim_top_k
+
+            started = time.perf_counter()
+            dim = self.documents[0].shape[1] if self.documents else 0
+            scores, indices = maxsim_top_k(self.queries, self.documents, k, dim)
+            return scores, indices, {
+                "index_mib": sum(d.nbytes for d in self.documents) / 2**20,
+                "query_ms": (time.perf_counter() - started) / max(1, len(self.queries)) * 1e3,
+                "vectors_per_query": float(np.mean([len(q) for q in self.queries])) if self.queries else 0.0,
+                "vectors_per_document": float(np.mean([len(d) for d in self.documents])) if self.documents else 0.0}
         if not self.sparse:
             return (*dense_top_k(self.queries, self.documents, k, self.similarity), {})
         import time
@@ -96,8 +118,12 @@ def encode_set(model_dir: str, data: RetrievalSet, batch_size: int = 64, seq_len
     from ..interop.sparse_dir import is_sparse_dir
     from ..tokenization.kinds import load_tokenizer
 
+    from ..interop.colbert_dir import is_colbert_dir
+
     if is_sparse_dir(model_dir):
         return _encode_sparse(model_dir, data, batch_size, seq_len, query_prompt, document_prompt)
+    if is_colbert_dir(model_dir):
+        return _encode_colbert(model_dir, data, batch_size, seq_len, query_prompt, document_prompt)
     backbone = load_pretrained(family_of(model_dir).backbone, model_dir).eval()
     tokenizer = load_tokenizer(model_dir)
     sentence = sentence_pipeline(model_dir, backbone.config.hidden_size)
@@ -143,6 +169,27 @@ def _encode_sparse(model_dir: str, data: RetrievalSet, batch_size: int, seq_len:
     d = sparse_embed(model, tokenizer, [data.corpus[i] for i in doc_ids], prompt=prompts["document"], progress=True,
                      **common)
     return Encoded(list(queries), doc_ids, q, d, spec.similarity, prompts)
+
+
+def _encode_colbert(model_dir: str, data: RetrievalSet, batch_size: int, seq_len: int | None,
+                    query_prompt: str | None, document_prompt: str | None) -> Encoded:
+    """`encode_set` for a ColBERT directory: each text's token vectors as PyLate's `ColBERT.encode` gives them (its
+    query and document prefixes are its prompts; other prompts and --seq-len are refused)."""
+    from ..inference.multi_vector import multi_vector_embed
+    from ..interop.colbert_dir import load_colbert
+
+    if query_prompt or document_prompt or seq_len is not None:
+        raise InputError(f"{model_dir}: a ColBERT model marks queries and documents with its own prefix tokens and "
+                         "lengths (query_prefix, query_length, ... in config_sentence_transformers.json); "
+                         "--query-prompt, --document-prompt and --seq-len are not applied to it")
+    model, spec, tokenizer = load_colbert(model_dir)
+    queries = data.judged_queries()
+    doc_ids = list(data.corpus)
+    q = multi_vector_embed(model, tokenizer, spec, list(queries.values()), True, batch_size)
+    d = multi_vector_embed(model, tokenizer, spec, [data.corpus[i] for i in doc_ids], False, batch_size,
+                           progress=True)
+    return Encoded(list(queries), doc_ids, q, d, spec.similarity,
+                   {"query": spec.query_prefix, "document": spec.document_prefix})
 
 
 def run_retrieval_evaluation(model_dir: str, data_path: str, split: str = "test", top_k: int = 100,

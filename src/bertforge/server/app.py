@@ -178,6 +178,9 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
         if name == "embed" and service.splade is not None:
             raise Refused(404, f"this model ({service.architecture}) is a SPLADE sparse encoder: its vectors are "
                                "sparse, one weight per vocabulary word; ask /embed_sparse")
+        if name == "embed" and service.colbert is not None:
+            raise Refused(404, f"this model ({service.architecture}) is a ColBERT late-interaction model: it gives a "
+                               "vector per token, not one per text; ask /embed_multi_vector (or /rerank: MaxSim)")
         if name not in batchers:
             raise Refused(404, f"this model ({service.architecture}) has no {HEADS.get(name, name)} head, which this "
                                "route needs")

@@ -170,6 +170,12 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
 
         prompt_name: PromptName = PROMPT_NAME
 
+    class EmbedMultiVector(TEIEmbedAll):
+        """Body of /embed_multi_vector: a ColBERT model's token vectors of each input, as a query or a document."""
+
+        is_query: bool = Field(False, description="encode as queries (prefix, [MASK] expansion to query_length), "
+                                                  "else as documents (punctuation dropped), as PyLate's encode")
+
     class EmbedParameters(Body):
         """The Inference API's feature-extraction parameters (the same settings as TEI's top-level fields)."""
 
@@ -352,6 +358,7 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
     return {"texts": Texts, "embed": either("texts", Texts, TEIEmbed), "fill-mask": MaskedTexts,
             "classify": ClassifyTexts, "qa": either("items", QAItems, QAItem), "rerank": TEIRerankOrCohere,
             "tokenize": Tokenize, "openai": OpenAIEmbeddings, "embed_all": TEIEmbedAll, "embed_sparse": TEIEmbedSparse,
+            "embed_multi_vector": EmbedMultiVector,
             "predict": TEIPredict,
             "similarity": TEISimilarity, "decode": Decode, "hf-classify": HFClassify, "hf-fill-mask": HFFillMask,
             "hf-tokens": HFTokens, "hf-qa": HFQA, "tei-embed": TEIEmbed, "tei-rerank": TEIRerank,

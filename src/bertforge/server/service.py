@@ -73,6 +73,10 @@ def grouped(run: Callable[..., list]) -> Callable[[list[tuple[Any, tuple]]], lis
     return runner
 
 
+# The task names whose route is named otherwise.
+_ROUTE_OF = {"splade": "/embed_sparse", "multi_vector": "/embed_multi_vector"}
+
+
 class Service:
     """The model behind the endpoints. `runners[name](items) -> results`, one per item."""
 
@@ -97,9 +101,13 @@ class Service:
         self.counter_lock = threading.Lock()
         from ..interop.sparse_dir import is_sparse_dir
 
-        self.splade = None
+        from ..interop.colbert_dir import is_colbert_dir
+
+        self.splade = self.colbert = None
         if is_sparse_dir(model_dir):  # a SPLADE model: sparse vectors (/embed_sparse), never dense ones
             self.splade, self.sentence = self._sparse(model_dir, head, self.model)
+        elif is_colbert_dir(model_dir):  # a ColBERT model: token vectors (/embed_multi_vector), MaxSim for /rerank
+            self.colbert, self.sentence = self._colbert(model_dir)
         else:
             self.sentence = sentence_pipeline(model_dir, self.config.hidden_size)
         self.activation = cross_encoder_activation(model_dir)  # a reranker's score: its CrossEncoder settings
@@ -117,7 +125,9 @@ class Service:
         self.backbone = getattr(self.model, "backbone", self.model)
         self.name = limits.served_model_name or Path(model_dir).resolve().name
         torch.set_grad_enabled(False)
-        self.tasks = {"embed", *head.tasks} if self.splade is None else {"splade", *head.tasks}
+        self.tasks = ({"splade", *head.tasks} if self.splade is not None
+                      else {"multi_vector", "rerank", *head.tasks} if self.colbert is not None
+                      else {"embed", *head.tasks})
         # Reranking reads a cross-encoder: a sequence classifier with one relevance logit (or two
         # classes, "not relevant" and "relevant", whose second probability is the score).
         if "classify" in self.tasks and self.config.num_labels in (1, 2):
@@ -133,7 +143,8 @@ class Service:
             "fill-mask": grouped(lambda texts, top_k, targets: pipelines.fill_mask(
                 model, tok, texts, top_k=top_k, targets=list(targets) if targets else None)),
             "classify": grouped(self.classify_items),
-            "rerank": grouped(self.relevance),
+            "rerank": grouped(self.relevance if self.colbert is None else self.maxsim_relevance),
+            "multi_vector": grouped(self.multi_vectors),
             "splade": grouped(self.sparse_vectors),
             "ner": grouped(lambda texts, aggregation, stride: pipelines.ner(model, tok, texts, aggregation, stride)),
             "qa": grouped(lambda items, max_length, stride, max_answer_len: pipelines.answer(
@@ -211,6 +222,43 @@ class Service:
                             lowercase=self.sentence.lowercase, truncation_side=side)
         return [rows.getrow(n) for n in range(rows.shape[0])]
 
+    def multi_vectors(self, inputs: list[str], is_query: bool) -> list[np.ndarray]:
+        """A ColBERT model's token vectors, float32 [n_i, D] per input, as queries or documents (PyLate's encode)."""
+        from ..inference.multi_vector import multi_vector_embed
+
+        model, spec, tokenizer = self.colbert
+        return multi_vector_embed(model, tokenizer, spec, list(inputs), is_query)
+
+    def maxsim_relevance(self, pairs: list[tuple[str, str]], side: str = "right") -> list[tuple[float, float]]:
+        """(MaxSim, MaxSim) of each (query, text) on a ColBERT model: the query's vectors' best matches in the text's,
+        summed (a score, not a probability: both fields hold it)."""
+        import torch
+
+        from ..models.colbert import maxsim
+
+        queries = list(dict.fromkeys(q for q, _ in pairs))
+        q_vectors = dict(zip(queries, self.multi_vectors(queries, True)))
+        d_vectors = self.multi_vectors([t for _, t in pairs], False)
+        out = []
+        for (query, _), d in zip(pairs, d_vectors):
+            q = torch.from_numpy(q_vectors[query])
+            score = float(maxsim(q[None], torch.ones(1, len(q), dtype=torch.bool), torch.from_numpy(d)[None],
+                                 torch.ones(1, len(d), dtype=torch.bool))[0, 0])
+            out.append((score, score))
+        return out
+
+    @staticmethod
+    def _colbert(model_dir: str) -> tuple:
+        """((ColbertEncoder, its settings, its tokenizer), a SentencePipeline giving the longest text it reads). The
+        encoder is its own eager copy: the served backbone of another --backend does not take a query's unattended
+        [MASK] expansion."""
+        from ..interop.colbert_dir import load_colbert
+        from ..interop.sentence_dir import SentencePipeline
+
+        model, spec, tokenizer = load_colbert(model_dir)
+        sentence = SentencePipeline(max_length=max(spec.query_length, spec.document_length), similarity="cosine")
+        return (model.eval(), spec, tokenizer), sentence
+
     @staticmethod
     def _sparse(model_dir: str, head, served) -> tuple:
         """(SpladeEncoder on the eager masked-LM model, the directory's settings as a SentencePipeline: its prompts,
@@ -257,4 +305,4 @@ class Service:
                 "max_chars_per_input": self.limits.max_chars,
                 "auto_truncate": self.limits.auto_truncate, "tokenization_workers": 1, "version": __version__,
                 "sha": None, "docker_label": None, "backend": self.limits.backend,
-                "endpoints": sorted(f"/{n}" for n in self.tasks)}
+                "endpoints": sorted(_ROUTE_OF.get(n, f"/{n}") for n in self.tasks)}

@@ -10,7 +10,7 @@ Adding a task means adding a module here and one line in `TASKS` (and its name i
 from __future__ import annotations
 
 from ..data.batching import collate
-from . import classification, embedding, question_answering, reranking, sparse, token_classification
+from . import classification, colbert, embedding, question_answering, reranking, sparse, token_classification
 from .base import FeatureTask, new_model
 from .classification import ClassificationTask
 from .question_answering import QuestionAnsweringTask
@@ -24,6 +24,7 @@ TASKS = {
     "embed": embedding.build,
     "rerank": reranking.build,
     "sparse": sparse.build,
+    "colbert": colbert.build,
 }
 
 __all__ = ["TASKS", "FeatureTask", "ClassificationTask", "TokenClassificationTask", "QuestionAnsweringTask",

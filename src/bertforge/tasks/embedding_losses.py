@@ -34,8 +34,22 @@ def gather(x: torch.Tensor) -> tuple[torch.Tensor, int]:
         return x, 0
     from torch.distributed.nn.functional import all_gather
 
-    parts = all_gather(x.contiguous())
+    parts = [_ContiguousGrad.apply(part) for part in all_gather(x.contiguous())]
     return torch.cat(parts), rank * x.shape[0]
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose gradient is made contiguous. all_gather's backward reduce-scatters the gradients of its
+    outputs, and on gloo a strided one (an einsum's gradient, sliced by cat's backward) comes back scrambled:
+    measured on ColBERT's MaxSim, whose 2-process gradients were wrong until this."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 def multiple_negatives_ranking(columns: list[torch.Tensor], scores: torch.Tensor | None, scale: float = 20.0,

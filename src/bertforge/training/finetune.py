@@ -122,7 +122,7 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
         results["compile_seconds"] = round(summary["compile_seconds"], 1)
     if summary.get("kernel_compile_seconds") is not None:  # a first run on this machine: not in `seconds`
         results["kernel_compile_seconds"] = round(summary["kernel_compile_seconds"], 1)
-    if cfg.task in ("embed", "rerank", "sparse") and dist.is_main():  # the card sentence-transformers users expect beside it
+    if cfg.task in ("embed", "rerank", "sparse", "colbert") and dist.is_main():  # the card sentence-transformers users expect beside it
         from .model_card import write_model_card
 
         write_model_card(out, cfg, task, results)

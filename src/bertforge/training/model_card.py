@@ -29,6 +29,13 @@ queries = model.encode_query(["how do tides work?"])
 documents = model.encode_document(["Tides are caused by the moon's gravity."])
 print(model.similarity(queries, documents))
 ```''',
+    "colbert": '''```python
+from pylate import models
+
+model = models.ColBERT("{path}")
+queries = model.encode(["how do tides work?"], is_query=True)
+documents = model.encode(["Tides are caused by the moon's gravity."], is_query=False)
+```''',
     "rerank": '''```python
 from sentence_transformers import CrossEncoder
 
@@ -44,6 +51,8 @@ _KINDS = {
               ("An embedder", "a bi-encoder: one vector per text")),
     "sparse": ("sentence-transformers, sparse-encoder, splade, feature-extraction", "feature-extraction",
                ("A SPLADE sparse encoder", "one weight per vocabulary word, searched with an inverted index")),
+    "colbert": ("PyLate, ColBERT, sentence-transformers, feature-extraction", "sentence-similarity",
+                ("A ColBERT model", "late interaction: one vector per token, scored by MaxSim")),
     "rerank": ("sentence-transformers, cross-encoder, text-ranking", "text-ranking",
                ("A reranker", "a cross-encoder: one relevance score per (query, passage) pair")),
 }
@@ -54,6 +63,8 @@ _SERVING = {
              "with `prompt_name`).",
     "rerank": "bertforge serves it as well: `bertforge serve --model {path}` (TEI `/rerank`).",
     "sparse": "`bertforge evaluate retrieval --model {path}` scores it through an exact inverted index.",
+    "colbert": "`bertforge evaluate retrieval --model {path}` scores it by exact MaxSim; `bertforge predict embed "
+               "--multi-vector` gives its token vectors.",
 }
 
 
@@ -73,6 +84,13 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
                          "regulariser warm-up": "quadratic over the first third of the steps",
                          "max active dims": cfg.max_active_dims, "GradCache mini-batch": task.mini_batch_size,
                          "query prompt": task.prompts.query or None, "document prompt": task.prompts.document or None})
+    elif kind == "colbert":
+        spec = task.spec
+        settings.update({"similarity": "MaxSim", "vector size": cfg.dim, "query prefix": repr(spec.query_prefix),
+                         "document prefix": repr(spec.document_prefix), "query length": spec.query_length,
+                         "document length": spec.document_length, "query expansion": spec.do_query_expansion,
+                         "attend to expansion tokens": spec.attend_to_expansion_tokens,
+                         "temperature": cfg.temperature if task.loss_name == "Contrastive" else None})
     elif kind == "embed":
         learned = getattr(task, "learned_scale", None)
         scale = (f"learned (--learn-scale, rate {cfg.scale_lr:g}): {task.scale:g} at the start, {learned:.4g} at the "
@@ -86,9 +104,9 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
                          "candidates reranked": cfg.rerank_top_k})
     metrics = {k: v for k, v in results.items() if isinstance(v, float) and k != "seconds"}
     tags, pipeline, what = _KINDS[kind]
-    prompts = task.prompts.named() if kind != "rerank" else {}
+    prompts = task.prompts.named() if kind not in ("rerank", "colbert") else {}
     lines = [
-        "---", "library_name: sentence-transformers", f"pipeline_tag: {pipeline}", f"tags: [{tags}, bertforge]",
+        "---", f"library_name: {'PyLate' if kind == 'colbert' else 'sentence-transformers'}", f"pipeline_tag: {pipeline}", f"tags: [{tags}, bertforge]",
         f"base_model: {cfg.model}", "---", "",
         f"# {what[0]} trained with bertforge", "",
         f"Fine-tuned from `{cfg.model}` with `bertforge finetune {kind}` ({what[1]}).", "",

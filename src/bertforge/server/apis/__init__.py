@@ -20,12 +20,14 @@ from ..service import Service
 from . import bertforge, cohere, inference_api, openai, tei
 from .common import Api, Submit
 
-# The head each route needs (None: every model answers it); /embed_sparse answers a SPLADE model alone.
+# The head each route needs (None: every model answers it); /embed_sparse answers a SPLADE model alone,
+# /embed_multi_vector a ColBERT model.
 ROUTE_TASKS: dict[str, str | None] = {
     "/embed": "embed", "/embed_all": "embed", "/similarity": "embed", "/embeddings": "embed", "/v1/embeddings": "embed",
     "/v1/embed": "embed", "/v2/embed": "embed", "/tokenize": None, "/decode": None, "/": None, "/invocations": None,
     "/predict": "classify", "/classify": "classify", "/rerank": "rerank", "/v1/rerank": "rerank",
-    "/v2/rerank": "rerank", "/fill-mask": "fill-mask", "/ner": "ner", "/qa": "qa", "/embed_sparse": "splade"}
+    "/v2/rerank": "rerank", "/fill-mask": "fill-mask", "/ner": "ner", "/qa": "qa", "/embed_sparse": "splade",
+    "/embed_multi_vector": "multi_vector"}
 
 
 def add_model_routes(app: Any, service: Service, submit: Submit) -> None:

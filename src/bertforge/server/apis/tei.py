@@ -1,5 +1,6 @@
 """text-embeddings-inference's routes, with TEI 1.9's request and answer shapes: POST /embed, /embed_all,
-/embed_sparse (a SPLADE model's sparse vectors), /predict, /rerank, /similarity, /tokenize, /decode.
+/embed_sparse (a SPLADE model's sparse vectors), /predict, /rerank, /similarity, /tokenize, /decode; and, in the
+same style, /embed_multi_vector (a ColBERT model's token vectors, which TEI does not serve).
 /embed and /rerank also take bertforge's `{"texts"}` and Cohere's `{"documents"}`, chosen by the body's keys.
 (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)"""
 
@@ -70,8 +71,11 @@ async def predict_tei(api: Api, body) -> list:
 
 async def rerank_tei(api: Api, body) -> list:
     """TEI's /rerank: [{index, score}] best first."""
-    counts = api.counted([body.query] * len(body.texts), "texts", api.service.config.max_sequence_length,
-                         api.truncates(body.truncate), body.texts)
+    # A ColBERT model encodes the query and each text apart, each cut to its own length (PyLate's rule): a pair is
+    # never too long for it.
+    truncate = api.truncates(body.truncate) or api.service.colbert is not None
+    counts = api.counted([body.query] * len(body.texts), "texts", api.service.config.max_sequence_length, truncate,
+                         body.texts)
     scored, _ = await api.scores(body.query, body.texts, side_of(body.truncation_direction), counts)
     order = sorted(range(len(body.texts)), key=lambda i: -scored[i][0])  # stable: ties keep input order
     return [{"index": i, "score": scored[i][1] if body.raw_scores else scored[i][0]}
@@ -93,7 +97,7 @@ async def similarity_tei(api: Api, body) -> list[float]:
 def add(api: Api) -> None:
     service, bodies = api.service, api.bodies
     EmbedBody, EmbedAllBody, PredictBody = bodies["embed"], bodies["embed_all"], bodies["predict"]
-    EmbedSparseBody = bodies["embed_sparse"]
+    EmbedSparseBody, MultiVectorBody = bodies["embed_sparse"], bodies["embed_multi_vector"]
     RerankBody, SimilarityBody, TokenizeBody, DecodeBody = (bodies["rerank"], bodies["similarity"], bodies["tokenize"],
                                                             bodies["decode"])
     most = service.embed_max_tokens
@@ -127,6 +131,18 @@ def add(api: Api) -> None:
         from scipy import sparse
 
         return sparse_items(sparse.vstack(found, format="csr")) if found else []
+
+    @api.post("/embed_multi_vector", "tei", "a ColBERT model's token vectors of each input, as a query or a document "
+                                            "({'inputs', 'is_query'}; PyLate's encode)")
+    async def embed_multi_vector(body: MultiVectorBody):
+        if service.colbert is None:
+            raise Refused(404, f"this model ({service.architecture}) is not a ColBERT model: /embed_multi_vector needs "
+                               "a PyLate ColBERT directory; use /embed_all for a plain encoder's token vectors")
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        # ColBERT cuts every text to its query_length or document_length, as PyLate does: nothing to refuse.
+        counts = api.counted(texts, "inputs", most, True)
+        found = await api.submit("multi_vector", [(t, (body.is_query,)) for t in texts], sum(min(n, most) for n in counts))
+        return [v.tolist() for v in found]
 
     @api.post("/predict", "tei", "classify a text, a pair [text, text], or a batch of them (TEI's /predict)")
     async def predict(body: PredictBody):

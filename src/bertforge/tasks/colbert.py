@@ -1,0 +1,183 @@
+"""ColBERT training: queries and documents as token vectors, scored by MaxSim, with PyLate's losses.
+
+It is the embedder's task (`embedding.py`: rows by column shape, batches without duplicate texts, torchrun's
+global batches) with a `ColbertEncoder` for the model and PyLate's two losses:
+
+- Contrastive: each query's MaxSim against every document of the (global) batch, its positive and
+  negatives and every other row's, in cross-entropy at a temperature (PyLate's default 1);
+- Distillation: the KL divergence from a teacher's scores of a row's documents to the student's
+  MaxSim scores, min-max normalised per row first (PyLate's default), batch-averaged.
+
+Queries are expanded with [MASK] to query_length and documents lose their skiplist tokens exactly as the
+inference path (`inference/multi_vector.py`) does it, so training scores what `evaluate retrieval` will.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..data.batching import collate
+from ..data.retrieval import read_tuples
+from ..errors import InputError
+from ..interop.colbert_dir import ColbertSpec, skiplist_ids
+from ..models.colbert import ColbertEncoder, maxsim
+from ..retrieval.evaluate import read_retrieval_set
+from ..retrieval.late_interaction import maxsim_top_k
+from ..retrieval.metrics import evaluate_run
+from ..retrieval.search import as_run
+from ..tokenization.tokenizer import Tokenizer
+from .embedding import EmbeddingTask, Prompts
+from .embedding_losses import ROWS, SCORED_TUPLES, gather, resolve_loss
+
+# PyLate's losses by class name: the rows each trains on.
+COLBERT_LOSSES = {"Contrastive": ROWS, "Distillation": SCORED_TUPLES}
+COLBERT_ALIASES = {"contrastive": "Contrastive", "in-batch": "Contrastive", "mnrl": "Contrastive",
+                   "distillation": "Distillation", "kl": "Distillation"}
+COLBERT_DEFAULTS = {ROWS: "Contrastive", SCORED_TUPLES: "Distillation"}
+
+
+def contrastive(queries: torch.Tensor, query_kept: torch.Tensor | None, documents: torch.Tensor,
+                document_kept: torch.Tensor, temperature: float) -> torch.Tensor:
+    """PyLate's Contrastive loss. queries float [B, Tq, D]; query_kept bool [B, Tq] (None: every vector counts, as
+    with query expansion); documents float [B, N, Td, D] (row b's positive first, then its negatives),
+    document_kept bool [B, N, Td]. Under torchrun every process's documents are gathered (with gradients)."""
+    B, N = documents.shape[:2]
+    gathered, offset = gather(documents)
+    kept, _ = gather(document_kept.float())
+    scores = maxsim(queries, query_kept if query_kept is not None else torch.ones(queries.shape[:2], dtype=torch.bool,
+                                                                                  device=queries.device),
+                    gathered.flatten(0, 1), kept.flatten(0, 1).bool(), dropped_as_zero=True)  # [B, world * B * N]
+    labels = (torch.arange(B, device=queries.device) + offset) * N
+    return F.cross_entropy(scores / temperature, labels)
+
+
+def distillation(queries: torch.Tensor, query_kept: torch.Tensor | None, documents: torch.Tensor,
+                 document_kept: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """PyLate's Distillation loss: KL(teacher || student) over each row's N documents, the student's MaxSim scores
+    min-max normalised per row, both through log-softmax; teacher float [B, N]."""
+    every = torch.ones(queries.shape[:2], dtype=torch.bool, device=queries.device)
+    student = torch.stack([maxsim(queries[b:b + 1], (query_kept if query_kept is not None else every)[b:b + 1],
+                                  documents[b], document_kept[b], dropped_as_zero=True)[0]
+                           for b in range(queries.shape[0])])  # [B, N]
+    low, high = student.min(dim=1, keepdim=True).values, student.max(dim=1, keepdim=True).values
+    student = (student - low) / (high - low + 1e-8)
+    return F.kl_div(student.log_softmax(-1), teacher.detach().to(student.dtype).log_softmax(-1),
+                    reduction="batchmean", log_target=True)
+
+
+class ColbertTask(EmbeddingTask):
+    """The Trainer's task for a `ColbertEncoder`."""
+
+    losses = {"Contrastive": (None, ROWS, 1.0), "Distillation": (None, SCORED_TUPLES, 1.0)}
+
+    def __init__(self, *args, spec: ColbertSpec, model_tokenizer: Tokenizer, **kwargs) -> None:
+        self.spec = spec
+        # The model's own tokenizer: it holds the prefix tokens the run's tokenizer (the checkpoint's) may lack.
+        self.model_tokenizer = model_tokenizer
+        self._real: dict[tuple[str, bool], int] = {}
+        super().__init__(*args, **kwargs)
+        self.tokenizer = model_tokenizer
+        self.skiplist = torch.tensor(skiplist_ids(spec, model_tokenizer), dtype=torch.long)
+
+    def _encode(self, texts: list[str], query: bool) -> None:
+        from ..inference.multi_vector import colbert_features
+
+        if not texts:
+            return
+        for text, feature in zip(texts, colbert_features(self.model_tokenizer, self.spec, texts, query)):
+            self._ids[(text, query)] = feature["input_ids"]
+            self._real[(text, query)] = feature["real"]
+
+    def _side(self, texts: list[str], query: bool, length: int | None = None) -> dict[str, torch.Tensor]:
+        """One side's collated batch: input_ids, token_type_ids, attention_mask (the attended tokens), kept (the
+        vectors that count) [B, T], padded to `length` when given."""
+        from ..inference.multi_vector import kept_positions
+
+        features = self.features(texts, query)
+        if length is not None:
+            features.append({"input_ids": [0] * length, "token_type_ids": [0] * length})  # sets the width, dropped
+        pad = self.model_tokenizer.mask_token_id if self.model_tokenizer.mask_token_id is not None \
+            else self.model_tokenizer.pad_token_id
+        batch = collate(features, pad)
+        if length is not None:
+            batch = {k: v[:-1] for k, v in batch.items()}
+        real = torch.tensor([self._real[(t, query)] for t in texts], dtype=torch.long)
+        batch["attention_mask"], batch["kept"] = kept_positions(batch, real, self.spec, query, self.skiplist)
+        return batch
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+        """The rows' queries (q_*: [B, Tq]) and documents column by column (d_*: [(C-1) * B, Td]); `scores` [B, N]
+        for a teacher's scores."""
+        chosen = self._rows_of(epoch, index)
+        rows = [self.data.rows[i] for i in chosen]
+        queries = self._side([r[0] for r in rows], True)
+        # Documents padded to document_length, as PyLate's collator pads them: its scores count a dropped position as a
+        # 0 in the max, so the width is part of the loss (and torchrun gathers equal shapes).
+        documents = self._side([r[c] for c in range(1, len(self.data.columns)) for r in rows], False,
+                               self.spec.document_length)
+        batch = {**{f"q_{k}": v for k, v in queries.items()}, **{f"d_{k}": v for k, v in documents.items()}}
+        batch["attention_mask"] = torch.cat([queries["attention_mask"].flatten(), documents["attention_mask"].flatten()])
+        if self.data.scores is not None:
+            batch["scores"] = torch.tensor([self.data.scores[i] for i in chosen], dtype=torch.float32)
+        return batch
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        expanded = self.spec.do_query_expansion
+        q, d = model(batch["q_input_ids"], batch["q_attention_mask"], batch["q_token_type_ids"],
+                     keep_masked=expanded and not self.spec.attend_to_expansion_tokens,
+                     documents={k: batch[f"d_{k}"] for k in ("input_ids", "attention_mask", "token_type_ids")})
+        B, N = q.shape[0], len(self.data.columns) - 1
+        # Column-major documents ([N * B]) as each row's own: [B, N, Td, D], the positive first.
+        documents = d.float().view(N, B, *d.shape[1:]).transpose(0, 1)
+        kept = batch["d_kept"].view(N, B, -1).transpose(0, 1)
+        query_kept = None if expanded else batch["q_kept"]
+        if self.loss_name == "Distillation":
+            return distillation(q.float(), query_kept, documents, kept, batch["scores"]), {}
+        return contrastive(q.float(), query_kept, documents, kept, self.scale), {}
+
+    def vectors(self, model: ColbertEncoder, texts: list[str], query: bool) -> list:
+        from ..inference.multi_vector import multi_vector_embed
+
+        return multi_vector_embed(model, self.model_tokenizer, self.spec, texts, query, self.eval_batch_size)
+
+    def evaluate(self, model: ColbertEncoder) -> dict[str, float]:
+        queries = self.dev.judged_queries()
+        doc_ids = list(self.dev.corpus)
+        q = self.vectors(model, list(queries.values()), query=True)
+        d = self.vectors(model, [self.dev.corpus[i] for i in doc_ids], query=False)
+        run = as_run(list(queries), doc_ids, *maxsim_top_k(q, d, 100, model.dimension))
+        return evaluate_run(run, self.dev.qrels)[0]
+
+    def save(self, model: ColbertEncoder, out, tokenizer: Tokenizer) -> None:
+        """The trained model as a PyLate ColBERT directory (the model's tokenizer, with its prefix tokens)."""
+        from ..interop.colbert_dir import save_colbert_dir
+
+        save_colbert_dir(model, out, self.model_tokenizer, self.spec)
+
+
+def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: ColbertEncoder | None = None):
+    """(ColBERT encoder, task) for `finetune colbert` (`cfg`: a `ColbertConfig`)."""
+    from ..interop.colbert_dir import check_expansion, load_colbert
+
+    data = read_tuples(train_path, cfg.train_split)
+    loss = resolve_loss(cfg.loss, data, COLBERT_LOSSES, COLBERT_ALIASES, COLBERT_DEFAULTS)
+    loaded, spec, model_tokenizer = load_colbert(cfg.model, cfg.dim)
+    if model is None:
+        model = loaded
+    for key in ("query_length", "document_length"):
+        if getattr(cfg, key) is not None:
+            setattr(spec, key, getattr(cfg, key))
+    if cfg.attend_to_expansion_tokens is not None:
+        spec.attend_to_expansion_tokens = cfg.attend_to_expansion_tokens
+    if cfg.no_query_expansion:
+        spec.do_query_expansion, spec.attend_to_expansion_tokens = False, False
+    longest = model.config.max_sequence_length
+    if max(spec.query_length, spec.document_length) > longest:
+        raise InputError(f"--query-length / --document-length: {max(spec.query_length, spec.document_length)} "
+                         f"tokens; the model has {longest} positions")
+    check_expansion(model.backbone, spec, "--attend-to-expansion-tokens")
+    task = ColbertTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, spec.document_length,
+                       cfg.batch_size, cfg.seed, loss, cfg.temperature, "MaxSim", Prompts(),
+                       spec=spec, model_tokenizer=model_tokenizer)
+    return model, task

@@ -1,0 +1,176 @@
+"""`bertforge finetune colbert`: ColBERT trained with PyLate's losses (the same values on the same vectors), written as a
+PyLate directory that sentence-transformers 6's MultiVectorEncoder loads with equal token vectors; exact resume and
+torchrun parity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+st = pytest.importorskip("sentence_transformers")
+transformers = pytest.importorskip("transformers")
+pylate_losses = pytest.importorskip("pylate.losses")
+from sentence_transformers import MultiVectorEncoder  # noqa: E402
+
+from bertforge import Tokenizer  # noqa: E402
+from bertforge.cli import main  # noqa: E402
+from bertforge.inference.multi_vector import multi_vector_embed  # noqa: E402
+from bertforge.interop.colbert_dir import load_colbert  # noqa: E402
+from bertforge.tasks.colbert import contrastive, distillation  # noqa: E402
+from conftest import perturbed  # noqa: E402
+from test_finetune_embed import _sentences  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    """A tiny random BERT encoder with a small WordPiece tokenizer (no ColBERT parts yet)."""
+    root = tmp_path_factory.mktemp("colbert-base")
+    tok = Tokenizer.train(texts=_sentences(400, 0, 3, 12), vocab_size=120, min_frequency=1)
+    tok.save(root)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=64,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    perturbed(transformers.BertModel(config)).save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """64 training rows (query, positive, negative) without a text twice, 16 dev pairs, and a teacher's scores."""
+    root = tmp_path_factory.mktemp("colbert-data")
+    texts = _sentences(240, 9, 3, 12)
+    rows = [{"query": f"{i} {q}", "positive": f"{i} {p}", "negative": f"{i} {n}"}
+            for i, (q, p, n) in enumerate(zip(texts[::3], texts[1::3], texts[2::3]))]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:64]))
+    (root / "dev.jsonl").write_text("".join(json.dumps({"query": r["query"], "positive": r["positive"]}) + "\n"
+                                            for r in rows[64:]))
+    (root / "scored.jsonl").write_text("".join(json.dumps({**r, "score": [2.0 + i % 3, 0.5 * (i % 4)]}) + "\n"
+                                               for i, r in enumerate(rows[:64])))
+    return root
+
+
+def _flags(model: Path, data: Path, out: Path, *extra: str, train: str = "train.jsonl") -> list[str]:
+    return ["finetune", "colbert", "--model", str(model), "--train", str(data / train), "--dev",
+            str(data / "dev.jsonl"), "--batch-size", "8", "--dim", "16", "--query-length", "12",
+            "--document-length", "20", "--precision", "fp32", "--matmul", "torch", "--out", str(out), *extra]
+
+
+class _Given(torch.nn.Module):
+    """A stand-in for PyLate's ColBERT model: each feature dict's token embeddings are given (by its 'which' key)."""
+
+    def __init__(self, vectors: list[torch.Tensor], skiplist: list[int], expansion: bool) -> None:
+        super().__init__()
+        self.vectors, self.skiplist, self.do_query_expansion = vectors, skiplist, expansion
+
+    def forward(self, features: dict) -> dict:
+        return {"token_embeddings": self.vectors[int(features["which"])]}
+
+
+def _vectors(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.nn.functional.normalize(torch.randn(*shape, generator=g), dim=-1)
+
+
+@pytest.mark.parametrize("expansion", [True, False])
+def test_contrastive_equals_pylates(expansion):
+    """On the same token vectors, ids and masks (padding and skiplist tokens among the documents'), the task's
+    Contrastive loss is PyLate's."""
+    g = torch.Generator().manual_seed(0)
+    B, N, Tq, Td, D = 3, 2, 6, 9, 8
+    q = _vectors(g, B, Tq, D)
+    docs = [_vectors(g, B, Td, D) for _ in range(N)]
+    q_ids = torch.randint(5, 50, (B, Tq), generator=g)
+    q_mask = torch.ones(B, Tq, dtype=torch.long)
+    q_mask[1, 4:] = 0
+    d_ids = [torch.randint(1, 50, (B, Td), generator=g) for _ in range(N)]
+    d_mask = [torch.ones(B, Td, dtype=torch.long) for _ in range(N)]
+    d_mask[0][2, 5:] = 0
+    d_mask[1][0, 7:] = 0
+    skiplist = [1, 2, 3, 4]
+    features = [{"input_ids": q_ids, "attention_mask": q_mask, "which": 0}] + [
+        {"input_ids": d_ids[n], "attention_mask": d_mask[n], "which": n + 1} for n in range(N)]
+    expected = pylate_losses.Contrastive(_Given([q, *docs], skiplist, expansion))(features)
+    kept = torch.stack([d_mask[n].bool() & ~torch.isin(d_ids[n], torch.tensor(skiplist)) for n in range(N)], dim=1)
+    ours = contrastive(q, None if expansion else q_mask.bool(), torch.stack(docs, dim=1), kept, 1.0)
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_distillation_equals_pylates():
+    g = torch.Generator().manual_seed(1)
+    B, N, Tq, Td, D = 3, 4, 5, 7, 8
+    q = _vectors(g, B, Tq, D)
+    docs = _vectors(g, B * N, Td, D)
+    d_ids = torch.randint(1, 50, (B * N, Td), generator=g)
+    d_mask = torch.ones(B * N, Td, dtype=torch.long)
+    d_mask[3, 4:] = 0
+    teacher = torch.randn(B, N, generator=g) * 3
+    features = [{"input_ids": torch.randint(5, 50, (B, Tq), generator=g), "attention_mask": torch.ones(B, Tq),
+                 "which": 0}, {"input_ids": d_ids, "attention_mask": d_mask, "which": 1}]
+    expected = pylate_losses.Distillation(_Given([q, docs], [1, 2], True))(features, teacher)
+    kept = (d_mask.bool() & ~torch.isin(d_ids, torch.tensor([1, 2]))).view(B, N, Td)
+    ours = distillation(q, None, docs.view(B, N, Td, D), kept, teacher)
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_trained_directory_loads_in_multi_vector_encoder_with_equal_vectors(tmp_path, base_dir, data, capsys):
+    out = tmp_path / "out"
+    assert main(_flags(base_dir, data, out, "--epochs", "2", "--lr", "1e-3", "--json")) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["metric"] == "ndcg@10" and 0 <= result["ndcg@10"] <= 1
+    trained, spec, tokenizer = load_colbert(out)
+    assert (spec.query_length, spec.document_length, trained.dimension) == (12, 20, 16)
+    assert tokenizer.token_to_id("[Q] ") is not None and tokenizer.token_to_id("[D] ") is not None
+    texts = _sentences(5, 3, 2, 14)
+    theirs = MultiVectorEncoder(str(out), device="cpu")
+    for got, expected in zip(multi_vector_embed(trained, tokenizer, spec, texts, True)
+                             + multi_vector_embed(trained, tokenizer, spec, texts, False),
+                             list(theirs.encode_query(texts)) + list(theirs.encode_document(texts))):
+        assert got.shape == tuple(expected.shape) and np.abs(got - expected.numpy()).max() < 1e-5
+    card = (out / "README.md").read_text()
+    for fact in ("library_name: PyLate", "64 rows of triplets", "loss: Contrastive", "vector size: 16",
+                 "query length: 12", "models.ColBERT("):
+        assert fact in card, fact
+
+
+def test_distillation_trains_on_a_teachers_scores(tmp_path, base_dir, data, capsys):
+    out = tmp_path / "out"
+    assert main(_flags(base_dir, data, out, "--max-steps", "3", "--json", train="scored.jsonl")) == 0
+    assert "loss: Distillation" in (out / "README.md").read_text()
+
+
+def test_kill_9_and_resume_give_bitwise_the_same_weights(tmp_path, base_dir, data):
+    from kill_utils import whole_and_resumed
+
+    whole, out = whole_and_resumed(lambda out: _flags(base_dir, data, out, "--epochs", "2", "--save-every", "2"),
+                                   tmp_path, seed=5, OMP_NUM_THREADS="1")
+    a, b = load_colbert(whole)[0].state_dict(), load_colbert(out)[0].state_dict()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_two_processes_equal_one_with_the_global_batch(tmp_path, base_dir, data):
+    """torchrun's 2 processes gather every document vector of the global batch (with gradients): the weights of 1
+    process on the global batch."""
+    from ddp_utils import one_and_two_processes
+
+    one, two = one_and_two_processes(_flags(base_dir, data, tmp_path / "unused")[:-2] + [
+        "--max-steps", "3", "--lr", "1e-3", "--eval-every", "100"], 8, tmp_path)
+    a, b = load_colbert(one)[0].state_dict(), load_colbert(two)[0].state_dict()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=2e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_colbert_settings_are_checked(tmp_path, base_dir, data, capsys):
+    import re
+
+    for flags, message in ((("--scale", "20"), r"takes --temperature"),
+                           (("--query-length", "1"), r"must be at least 2"),
+                           (("--query-length", "100"), r"the model has 64 positions"),
+                           (("--loss", "Distillation"), r"--loss Distillation trains on scored tuples")):
+        assert main(_flags(base_dir, data, tmp_path / "out", *flags)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and re.search(message, err[0]), err
