@@ -1,7 +1,7 @@
 """PyLate's side of tests/test_colbert.py, run by a Python that has pylate (its own environment: PyLate 1.6 pins
 sentence-transformers 5.3).
 
-    python pylate_side.py make BASE OUT        # a ColBERT from a family checkpoint (8-wide projection), saved
+    python pylate_side.py make BASE OUT [attend] # a ColBERT from a family checkpoint (8-wide projection), saved
     python pylate_side.py encode DIR TEXTS OUT # TEXTS: {"queries": [...], "documents": [...]}; OUT: .npz q0.., d0..
 """
 
@@ -17,9 +17,10 @@ from pylate import models
 def main() -> None:
     command, *args = sys.argv[1:]
     if command == "make":
-        base, out = args
+        base, out, *attend = args
         torch.manual_seed(2)
-        model = models.ColBERT(base, device="cpu", embedding_size=8, query_length=12, document_length=20)
+        model = models.ColBERT(base, device="cpu", embedding_size=8, query_length=12, document_length=20,
+                               attend_to_expansion_tokens=bool(attend))
         with torch.no_grad():  # the new prefix rows and the projection are random; move them off their init too
             for p in model.parameters():
                 p.add_(torch.randn(p.shape) * 0.01)

@@ -106,7 +106,9 @@ def test_pylate_directories_both_ways(tmp_path, minilm_dir, family):
     base = _backbone_dir(tmp_path, family, minilm_dir)
     texts = tmp_path / "texts.json"
     texts.write_text(json.dumps({"queries": QUERIES, "documents": DOCUMENTS}))
-    subprocess.run([PYLATE, str(HELPER), "make", str(base), str(tmp_path / "pylate")], check=True)
+    # DeBERTa's unattended expansion is refused (see below): its PyLate model attends to the expansion.
+    subprocess.run([PYLATE, str(HELPER), "make", str(base), str(tmp_path / "pylate"),
+                    *(["attend"] if family == "deberta-v2" else [])], check=True)
     subprocess.run([PYLATE, str(HELPER), "encode", str(tmp_path / "pylate"), str(texts), str(tmp_path / "a.npz")],
                    check=True)
     model, spec, tokenizer = load_colbert(tmp_path / "pylate")
@@ -186,6 +188,15 @@ def test_colbert_retrieval_is_exact_maxsim(tmp_path, minilm_dir):
     lines = (tmp_path / "run.trec").read_text().splitlines()
     top = lines[0].split()
     assert top[0] == "q0" and float(top[4]) == pytest.approx(scores[0].max(), abs=1e-4)
+    # `mine` reads the same search: each query's closest non-relevant document by MaxSim is its hard negative.
+    from bertforge.retrieval.mine import MineSettings, run_mine
+
+    run_mine(str(path), str(beir), str(tmp_path / "mined.jsonl"), MineSettings(num_negatives=1, range_max=2), "test")
+    rows = [json.loads(line) for line in (tmp_path / "mined.jsonl").read_text().splitlines()]
+    judged = {"q0": [3], "q1": [0], "q2": [4]}
+    expected_rows = [(QUERIES[q], docs[d], docs[next(j for j in np.argsort(-scores[q], kind="stable") if j != d)])
+                     for q in range(3) for d in judged[f"q{q}"]]
+    assert [(r["query"], r["positive"], r["negative_1"]) for r in rows] == expected_rows
 
 
 def test_predict_embed_multi_vector(tmp_path, minilm_dir):
