@@ -184,6 +184,13 @@ def test_serve_answers_embed_sparse_as_sparse_encoder_encodes(tmp_path, minilm_d
             indices = [item["index"] for item in row]
             assert indices == sorted(indices) and indices == list(np.flatnonzero(want))
             assert np.abs(np.array([item["value"] for item in row]) - want[indices]).max() < 1e-5
+        status, words = call(port, "/embed_sparse", {"inputs": TEXTS[:2], "prompt_name": "query", "readable": True})
+        assert status == 200
+        for row, want in zip(words, expected):  # the same weights, by token, heaviest first
+            values = list(row.values())
+            assert values == sorted(values, reverse=True) and len(row) == np.count_nonzero(want)
+            tokens = load_tokenizer(path).convert_ids_to_tokens(list(np.flatnonzero(want)))
+            assert set(row) == set(tokens)
         status, body = call(port, "/v1/embeddings", {"input": "hi", "model": "splade"})
         assert status in (400, 404) and "SPLADE sparse encoder" in json.dumps(body)
         status, info = call(port, "/info", method="GET")

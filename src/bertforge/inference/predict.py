@@ -140,14 +140,11 @@ def _sparse_rows(model_dir: str, texts: list[str], batch_size: int, progress: bo
     same as TEI's [{index, value}] (by index)."""
     from ..interop.sparse_dir import load_splade, read_sparse_dir
     from ..tokenization.kinds import load_tokenizer
-    from .sparse import sparse_embed, sparse_items
+    from .sparse import readable, sparse_embed, sparse_items
 
     model = load_splade(model_dir).eval()
     spec = read_sparse_dir(model_dir, model.config.vocab_size)
     tokenizer = load_tokenizer(model_dir)
     vectors = sparse_embed(model, tokenizer, texts, batch_size, spec.max_length, spec.prompt, spec.lowercase, progress)
     for text, items in zip(texts, sparse_items(vectors)):
-        heaviest = sorted(items, key=lambda item: -item["value"])
-        words = tokenizer.convert_ids_to_tokens([item["index"] for item in heaviest])
-        yield {"text": text, "weights": {w: round(item["value"], 7) for w, item in zip(words, heaviest)},
-               "sparse": items}
+        yield {"text": text, "weights": readable(items, tokenizer), "sparse": items}

@@ -51,3 +51,10 @@ def sparse_items(vectors) -> list[list[dict]]:
         order = np.argsort(row.indices, kind="stable")
         out.append([{"index": int(row.indices[i]), "value": float(row.data[i])} for i in order])
     return out
+
+
+def readable(items: list[dict], tokenizer: Tokenizer) -> dict[str, float]:
+    """One row of `sparse_items` as {token: weight}, heaviest first (what `predict embed` prints for a SPLADE model)."""
+    heaviest = sorted(items, key=lambda item: -item["value"])
+    words = tokenizer.convert_ids_to_tokens([item["index"] for item in heaviest])
+    return {word: round(item["value"], 7) for word, item in zip(words, heaviest)}

@@ -169,6 +169,8 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
         """TEI's body of /embed_sparse: a SPLADE model's sparse vector of each input, with a named prompt."""
 
         prompt_name: PromptName = PROMPT_NAME
+        readable: bool = Field(False, description="bertforge: answer each input as {token: weight}, heaviest first, "
+                                                  "instead of TEI's [{'index', 'value'}]")
 
     class EmbedMultiVector(TEIEmbedAll):
         """Body of /embed_multi_vector: a ColBERT model's token vectors of each input, as a query or a document."""

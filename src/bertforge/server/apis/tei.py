@@ -8,7 +8,7 @@ same style, /embed_multi_vector (a ColBERT model's token vectors, which TEI does
 import numpy as np
 
 from ...inference.hf_pipeline import ranked
-from ...inference.sparse import sparse_items
+from ...inference.sparse import readable, sparse_items
 from ..errors import Refused
 from .bertforge import embed_texts
 from .cohere import rerank as cohere_rerank
@@ -118,7 +118,7 @@ def add(api: Api) -> None:
         return [v.tolist() for v in found]
 
     @api.post("/embed_sparse", "tei", "a SPLADE model's sparse vectors: [{'index', 'value'}] per input (TEI's "
-                                      "/embed_sparse)")
+                                      "/embed_sparse), or {token: weight} with 'readable': true")
     async def embed_sparse(body: EmbedSparseBody):
         if service.splade is None:
             raise Refused(404, f"this model ({service.architecture}) is not a SPLADE model: /embed_sparse needs a "
@@ -130,7 +130,8 @@ def add(api: Api) -> None:
                                  sum(min(n, most) for n in counts))
         from scipy import sparse
 
-        return sparse_items(sparse.vstack(found, format="csr")) if found else []
+        items = sparse_items(sparse.vstack(found, format="csr")) if found else []
+        return [readable(row, service.tokenizer) for row in items] if body.readable else items
 
     @api.post("/embed_multi_vector", "tei", "a ColBERT model's token vectors of each input, as a query or a document "
                                             "({'inputs', 'is_query'}; PyLate's encode)")
