@@ -13,7 +13,6 @@ import torch
 
 st = pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
-pylate_losses = pytest.importorskip("pylate.losses")
 from sentence_transformers import MultiVectorEncoder  # noqa: E402
 
 from bertforge import Tokenizer  # noqa: E402
@@ -78,7 +77,9 @@ def _vectors(g: torch.Generator, *shape: int) -> torch.Tensor:
 @pytest.mark.parametrize("expansion", [True, False])
 def test_contrastive_equals_pylates(expansion):
     """On the same token vectors, ids and masks (padding and skiplist tokens among the documents'), the task's
-    Contrastive loss is PyLate's."""
+    Contrastive loss is PyLate's. (PyLate's losses import with sentence-transformers 6 when pylate is installed with
+    --no-deps; where it is not installed, as in CI, the two loss checks skip and the rest of this file runs.)"""
+    pylate_losses = pytest.importorskip("pylate.losses")
     g = torch.Generator().manual_seed(0)
     B, N, Tq, Td, D = 3, 2, 6, 9, 8
     q = _vectors(g, B, Tq, D)
@@ -100,6 +101,7 @@ def test_contrastive_equals_pylates(expansion):
 
 
 def test_distillation_equals_pylates():
+    pylate_losses = pytest.importorskip("pylate.losses")
     g = torch.Generator().manual_seed(1)
     B, N, Tq, Td, D = 3, 4, 5, 7, 8
     q = _vectors(g, B, Tq, D)
