@@ -170,6 +170,7 @@ def test_colbert_settings_are_checked(tmp_path, base_dir, data, capsys):
     import re
 
     for flags, message in ((("--scale", "20"), r"takes --temperature"),
+                           (("--seq-len", "64"), r"lengths are --query-length and --document-length"),
                            (("--query-length", "1"), r"must be at least 2"),
                            (("--query-length", "100"), r"the model has 64 positions"),
                            (("--loss", "Distillation"), r"--loss Distillation trains on scored tuples")):

@@ -564,6 +564,8 @@ class ColbertConfig(RetrievalTrainConfig):
         super().__post_init__()
         if self.scale is not None:
             raise ConfigError(f"{flag('scale')}: ColBERT's Contrastive loss takes --temperature")
+        if self.seq_len_given:
+            raise ConfigError(f"{flag('seq_len')}: a ColBERT model's lengths are --query-length and --document-length")
         if self.dim < 1:
             raise ConfigError(f"{flag('dim')} must be a positive integer")
         for name in ("query_length", "document_length"):
