@@ -39,7 +39,11 @@ def test_sigterm_under_load_drains_then_exits_0(minilm_dir):
     # Every request the server took was answered: 200 before and across the signal, 503 after it; none cut off.
     assert set(result.statuses) <= {200, 503} and result.statuses.get(503, 0) >= 1, result.summary()
     across = [row for row in result.timeline if row[0] < at < row[1]]
-    assert across and all(status == 200 for _, _, status in across), result.timeline
+    # A request sent in the last moments before the signal may reach the server after it (on a loaded 2-core machine
+    # CI measured one sent 4 ms before it, answered 503): those sent 50 ms earlier were taken before it.
+    taken = [row for row in across if row[0] < at - 0.05]
+    assert across and taken and all(status == 200 for _, _, status in taken), result.timeline
+    assert all(status in (200, 503) for _, _, status in across), result.timeline
     assert all(status == 503 for sent, _, status in result.timeline if sent > at + 0.5)  # (the handler runs promptly)
     assert code == 0, log
     assert "SIGTERM received: draining" in log and "drained (" in log and "Traceback" not in log
