@@ -14,7 +14,7 @@ Both train the recipe above with seeds 1, 2, 3, now both in bf16 autocast (the s
 are "the same" when their mean nDCG@10 differ by at most the larger standard deviation.
 
     python -m benchmarks.rerank_vs_st [--rounds 2] [--pairs 512]
-    python -m benchmarks.rerank_vs_st --quality [--pairs 1024]
+    python -m benchmarks.rerank_vs_st --quality [--pairs 1024] [--seeds 1,2,3]
 """
 
 from __future__ import annotations
@@ -72,8 +72,10 @@ def st_train(model_dir: str, train: str, out: str, seed: int = 0, bf16: bool = F
     print(seconds)
 
 
-def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int) -> None:
-    """Train both with seeds 1-3 and rerank one first stage with each model (the control; see the docstring)."""
+def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int, seeds: list[int]) -> None:
+    """Train both with each seed and rerank one first stage with each model (the control; see the docstring).
+
+    Each finished seed is written to rerank_quality_vs_st_partial.json at once, so a stopped run keeps its seeds."""
     from .retrieval_ladder import qrels_sample, verdict
 
     sample = qrels_sample(squad_set, "test", "test-sample", 100)
@@ -81,7 +83,7 @@ def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int) ->
                            "--split", sample, "--top-k", "20", "--run", str(tmp / "first.trec"))
     print(f"first stage: nDCG@10 {first['ndcg@10']:.4f}", flush=True)
     ndcg: dict[str, list[float]] = {"bertforge": [], "sentence-transformers": []}
-    for seed in (1, 2, 3):
+    for seed in seeds:
         for name in ndcg:
             out = tmp / f"q-{name}-{seed}"
             if name == "bertforge":
@@ -92,6 +94,8 @@ def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int) ->
                                     "--split", sample, "--candidates", str(tmp / "first.trec"), "--top-k", "20")
             ndcg[name].append(scored["ndcg@10"])
             print(f"seed {seed} {name}: reranked nDCG@10 {scored['ndcg@10']:.4f}", flush=True)
+            save("rerank_quality_vs_st_partial", {"machine": machine(), "pairs": pairs, "seeds": seeds,
+                                                  "first_stage_ndcg@10": first["ndcg@10"], "reranked": ndcg})
     summary = {name: mean_std(v) for name, v in ndcg.items()}
     result = {"machine": machine(), "pairs": pairs, "first_stage_ndcg@10": first["ndcg@10"], "reranked": summary,
               "verdict": verdict(summary["sentence-transformers"], summary["bertforge"])}
@@ -104,6 +108,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=512)
     parser.add_argument("--quality", action="store_true", help="the reranker-quality control (see the docstring)")
+    parser.add_argument("--seeds", default="1,2,3", help="the control's seeds, comma-separated")
     parser.add_argument("--st-run", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--st-seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--st-bf16", action="store_true", help=argparse.SUPPRESS)
@@ -138,7 +143,7 @@ def main() -> None:
         (squad_set / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
             f"{q}\t{d}\t1\n" for q in run for d in dev.qrels[q]), encoding="utf-8")
         if args.quality:
-            quality(model, train, squad_set, tmp, len(rows))
+            quality(model, train, squad_set, tmp, len(rows), [int(x) for x in args.seeds.split(",")])
             return
         seconds = {"bertforge": [], "sentence-transformers": []}
         for r in range(args.rounds):

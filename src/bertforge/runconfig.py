@@ -526,6 +526,11 @@ class SparseConfig(BiEncoderConfig):
                                                        "documented 3e-5)")
     max_active_dims: int | None = setting(None, "keep only this many largest weights per text at inference, saved "
                                                 "with the model (SparseEncoder's max_active_dims)")
+    inference_free: bool = setting(False, "inference-free SPLADE: queries get no encoder, only a learned weight per "
+                                          "vocabulary word (SparseStaticEmbedding, starting at 1.0, behind a Router); "
+                                          "an inference-free directory is one already")
+    query_lr: float | None = setting(None, "peak learning rate of an inference-free model's query weights (default: "
+                                           "--lr; sentence-transformers' recipe maps them to 1e-3)")
     out: str = setting("bertforge-sparse", "output directory")
 
     def __post_init__(self) -> None:
@@ -540,6 +545,8 @@ class SparseConfig(BiEncoderConfig):
             raise ConfigError(f"{flag('activation')} must be relu or log1p_relu, not {self.activation!r}")
         if self.max_active_dims is not None and self.max_active_dims < 1:
             raise ConfigError(f"{flag('max_active_dims')} must be a positive integer")
+        if self.query_lr is not None and not (math.isfinite(self.query_lr) and self.query_lr > 0):
+            raise ConfigError(f"{flag('query_lr')} must be a positive number")
 
 
 @dataclass

@@ -542,7 +542,8 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
             text's non-zero words and weights, {token: weight} and TEI's [{index, value}]
         multi_vector: embed: the model is a ColBERT (PyLate) directory: each text's token vectors ("embeddings"),
             encoded as a document (punctuation dropped) unless --is-query
-        is_query: embed --multi-vector: encode the texts as queries (prefix, [MASK] expansion to query_length)
+        is_query: embed --multi-vector: encode the texts as queries (prefix, [MASK] expansion to query_length);
+            embed --sparse: as SparseEncoder.encode_query (an inference-free model's query weights)
         backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
             torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
             CPUs with AMX or AVX512-BF16; close to, not equal to, the fp32 numbers), compiled

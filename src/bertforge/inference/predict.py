@@ -47,7 +47,7 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
         if task != "embed":
             raise InputError(f"{model_dir}: a SparseEncoder (SPLADE) directory; predict embed gives its sparse vectors")
         yield from _sparse_rows(model_dir, [_text_of(item, i)[0] for i, item in enumerate(inputs)], batch_size,
-                                progress)
+                                progress, is_query)
         return
     if sparse:
         raise InputError(f"--sparse: {model_dir} is not a SparseEncoder (SPLADE) directory")
@@ -64,7 +64,7 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
                                       batch_size, progress)
         return
     if is_query:
-        raise InputError("--is-query: only for a ColBERT model (--multi-vector)")
+        raise InputError("--is-query: only for a ColBERT model (--multi-vector) or a SPLADE one (--sparse)")
     if backend not in backends.BACKENDS:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(backends.BACKENDS)}")
     model = backends.load(load_for(task, model_dir), backend)
@@ -135,16 +135,17 @@ def _multi_vector_rows(model_dir: str, texts: list[str], is_query: bool, batch_s
         yield {"text": text, "embeddings": vectors.tolist()}
 
 
-def _sparse_rows(model_dir: str, texts: list[str], batch_size: int, progress: bool) -> Iterator[dict]:
+def _sparse_rows(model_dir: str, texts: list[str], batch_size: int, progress: bool,
+                 is_query: bool = False) -> Iterator[dict]:
     """`predict embed` on a SPLADE directory: each text's non-zero words, heaviest first, as {token: weight}, and the
-    same as TEI's [{index, value}] (by index)."""
-    from ..interop.sparse_dir import load_splade, read_sparse_dir
-    from ..tokenization.kinds import load_tokenizer
-    from .sparse import readable, sparse_embed, sparse_items
+    same as TEI's [{index, value}] (by index). `is_query`: as `SparseEncoder.encode_query` (the "query" prompt when
+    the directory names one; an inference-free model's query weights); else as `encode` (the default route and
+    prompt)."""
+    from ..interop.sentence_dir import side_prompt
+    from .sparse import SparseModel, readable, sparse_items
 
-    model = load_splade(model_dir).eval()
-    spec = read_sparse_dir(model_dir, model.config.vocab_size)
-    tokenizer = load_tokenizer(model_dir)
-    vectors = sparse_embed(model, tokenizer, texts, batch_size, spec.max_length, spec.prompt, spec.lowercase, progress)
+    sparse = SparseModel.load(model_dir)
+    prompt = side_prompt(sparse.spec.prompts, "query") if is_query else None
+    vectors = sparse.encode(texts, True if is_query else None, prompt, batch_size, progress=progress)
     for text, items in zip(texts, sparse_items(vectors)):
-        yield {"text": text, "weights": readable(items, tokenizer), "sparse": items}
+        yield {"text": text, "weights": readable(items, sparse.tokenizer), "sparse": items}

@@ -146,28 +146,25 @@ def encode_set(model_dir: str, data: RetrievalSet, batch_size: int = 64, seq_len
 
 def _encode_sparse(model_dir: str, data: RetrievalSet, batch_size: int, seq_len: int | None,
                    query_prompt: str | None, document_prompt: str | None) -> Encoded:
-    """`encode_set` for a SparseEncoder (SPLADE) directory: sparse vectors as `SparseEncoder.encode` gives them."""
-    from ..inference.sparse import sparse_embed
+    """`encode_set` for a SparseEncoder (SPLADE) directory: sparse vectors as `SparseEncoder.encode_query` and
+    `encode_document` give them (an inference-free model's queries by its query weights)."""
+    from ..inference.sparse import SparseModel
     from ..interop.sentence_dir import side_prompt
-    from ..interop.sparse_dir import load_splade, read_sparse_dir
-    from ..tokenization.kinds import load_tokenizer
 
-    model = load_splade(model_dir).eval()
-    spec = read_sparse_dir(model_dir, model.config.vocab_size)
+    sparse = SparseModel.load(model_dir)
     if seq_len is not None:
         from ..runconfig import check_seq_len
 
-        check_seq_len(seq_len, model.config)
-    tokenizer = load_tokenizer(model_dir)
+        check_seq_len(seq_len, sparse.model.config)
+    spec = sparse.spec
     prompts = {"query": query_prompt if query_prompt is not None else side_prompt(spec.prompts, "query") or "",
                "document": document_prompt if document_prompt is not None
                else side_prompt(spec.prompts, "document") or ""}
-    common = dict(batch_size=batch_size, max_length=seq_len or spec.max_length, lowercase=spec.lowercase)
     queries = data.judged_queries()
     doc_ids = list(data.corpus)
-    q = sparse_embed(model, tokenizer, list(queries.values()), prompt=prompts["query"], **common)
-    d = sparse_embed(model, tokenizer, [data.corpus[i] for i in doc_ids], prompt=prompts["document"], progress=True,
-                     **common)
+    q = sparse.encode(list(queries.values()), True, prompts["query"], batch_size, seq_len)
+    d = sparse.encode([data.corpus[i] for i in doc_ids], False, prompts["document"], batch_size, seq_len,
+                      progress=True)
     return Encoded(list(queries), doc_ids, q, d, spec.similarity, prompts)
 
 

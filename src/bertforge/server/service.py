@@ -87,19 +87,22 @@ class Service:
         from ..interop.sentence_dir import cross_encoder_activation, sentence_pipeline
         from ..tokenization.kinds import load_tokenizer
 
+        from ..interop.sparse_dir import encoder_dir, is_sparse_dir
+
         self.model_dir, self.limits = model_dir, limits
-        self.architecture = architecture_of(model_dir)
+        # The model's own weights and tokenizer: the directory, or an inference-free SPLADE model's document encoder.
+        weights_dir = encoder_dir(model_dir)
+        self.architecture = architecture_of(weights_dir)
         from ..inference.backends import load
 
-        head = head_of(model_dir)
-        self.model = load(head.cls.from_pretrained(model_dir), limits.backend)
+        head = head_of(weights_dir)
+        self.model = load(head.cls.from_pretrained(weights_dir), limits.backend)
         self.config = self.model.config
         if limits.max_chars is None:  # set in place: the request schemas are built from these limits next
             limits.max_chars = default_max_chars(self.config.max_sequence_length)
-        self.tokenizer = load_tokenizer(model_dir)
-        self.counter = load_tokenizer(model_dir)
+        self.tokenizer = load_tokenizer(weights_dir)
+        self.counter = load_tokenizer(weights_dir)
         self.counter_lock = threading.Lock()
-        from ..interop.sparse_dir import is_sparse_dir
 
         from ..interop.colbert_dir import is_colbert_dir
 
@@ -110,7 +113,7 @@ class Service:
             self.colbert, self.sentence = self._colbert(model_dir)
         else:
             self.sentence = sentence_pipeline(model_dir, self.config.hidden_size)
-        self.activation = cross_encoder_activation(model_dir)  # a reranker's score: its CrossEncoder settings
+        self.activation = cross_encoder_activation(weights_dir)  # a reranker's score: its CrossEncoder settings
         # The vectors are computed without a final Normalize step, which each endpoint applies
         # itself: the model's own setting for bertforge's /embed and OpenAI's, the request's
         # `normalize` for TEI's.
@@ -213,13 +216,14 @@ class Service:
         return list(pipelines.embed(self.backbone, self.tokenizer, inputs, sentence=self.raw_sentence,
                                     truncation_side=side, prompt=prompt))
 
-    def sparse_vectors(self, inputs: list[str | list[int]], side: str = "right", prompt: str | None = None) -> list:
-        """A SPLADE model's sparse vectors, one scipy CSR row [1, V] per input; `prompt` as in `embed_vectors`."""
-        from ..inference.sparse import sparse_embed
-
-        rows = sparse_embed(self.splade, self.tokenizer, inputs, max_length=self.embed_max_tokens,
-                            prompt=self.sentence.prompt if prompt is None else prompt,
-                            lowercase=self.sentence.lowercase, truncation_side=side)
+    def sparse_vectors(self, inputs: list[str | list[int]], side: str = "right", prompt: str | None = None,
+                       is_query: bool = False) -> list:
+        """A SPLADE model's sparse vectors, one scipy CSR row [1, V] per input; `prompt` as in `embed_vectors`.
+        `is_query`: encode as queries (an inference-free model's query weights); else by the model's default route."""
+        sparse = self.splade
+        rows = sparse.encode(inputs, True if is_query else None, self.sentence.prompt if prompt is None else prompt,
+                             max_length=None if is_query and sparse.model.inference_free else self.embed_max_tokens,
+                             truncation_side=side)
         return [rows.getrow(n) for n in range(rows.shape[0])]
 
     def multi_vectors(self, inputs: list[str], is_query: bool) -> list[np.ndarray]:
@@ -259,22 +263,25 @@ class Service:
         sentence = SentencePipeline(max_length=max(spec.query_length, spec.document_length), similarity="cosine")
         return (model.eval(), spec, tokenizer), sentence
 
-    @staticmethod
-    def _sparse(model_dir: str, head, served) -> tuple:
-        """(SpladeEncoder on the eager masked-LM model, the directory's settings as a SentencePipeline: its prompts,
+    def _sparse(self, model_dir: str, head, served) -> tuple:
+        """(SparseModel: a SpladeEncoder on the eager masked-LM model with the tokenizers, the directory's settings as a SentencePipeline: its prompts,
         maximum length and lower-casing; its pooling is never used, since no dense vector is served). `served` is the
         model as --backend loaded it: the same module under `torch` and `fused` (fused in place), used as it is;
         another backend's wrapper (bf16, ONNX, JAX) does not expose the masked-LM head's parts, so SPLADE gets its own
         eager copy."""
+        from ..inference.sparse import SparseModel
         from ..interop.sentence_dir import SentencePipeline
-        from ..interop.sparse_dir import read_sparse_dir
+        from ..interop.sparse_dir import query_tokenizer, read_query_weights, read_sparse_dir
         from ..models.splade import SpladeEncoder
 
-        mlm = served if isinstance(served, head.cls) else head.cls.from_pretrained(model_dir).eval()
+        spec = read_sparse_dir(model_dir)
+        mlm = served if isinstance(served, head.cls) else head.cls.from_pretrained(spec.encoder).eval()
         spec = read_sparse_dir(model_dir, mlm.config.vocab_size)
         sentence = SentencePipeline(max_length=spec.max_length, lowercase=spec.lowercase, prompt=spec.prompt,
                                     similarity=spec.similarity, prompts=spec.prompts)
-        return SpladeEncoder(mlm, spec.pooling, spec.activation, spec.max_active_dims).eval(), sentence
+        weights = read_query_weights(spec, mlm.config.vocab_size) if spec.query_dir is not None else None
+        model = SpladeEncoder(mlm, spec.pooling, spec.activation, spec.max_active_dims, weights).eval()
+        return SparseModel(model, spec, self.tokenizer, query_tokenizer(model_dir, self.tokenizer)), sentence
 
     def classify_items(self, items: list[tuple[str, str | None]], side: str = "right") -> list[dict]:
         """(text, pair or None) items from any mix of requests: singles and pairs run as two batches.

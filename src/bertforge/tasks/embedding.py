@@ -162,7 +162,8 @@ class EmbeddingTask:
         return batch
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        # is_query: an inference-free SPLADE batch's query rows (see `SparseTask`).
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids", "is_query") if k in batch}
         scores = batch.get("scores")
         encoder = getattr(model, "module", model)  # under DDP, the wrapped SentenceEncoder
         learned = encoder.log_scale is not None

@@ -7,6 +7,10 @@ weight, which penalises words active in many texts) on the queries and on the do
 weight, both warmed up quadratically from 0 over the first third of the steps, as sentence-transformers'
 SpladeRegularizerWeightSchedulerCallback does by default. Evaluation searches the dev corpus through an exact
 inverted index and reports the vectors' non-zeros beside nDCG@10.
+
+An inference-free model's queries are tokenised without special tokens (as SparseStaticEmbedding reads them)
+and weighted by its query weights; the batch says which rows are queries (`is_query`), so queries and
+documents still run as one module call, and GradCache splits that flag with the rows.
 """
 
 from __future__ import annotations
@@ -51,8 +55,13 @@ class SparseTask(EmbeddingTask):
     losses = {name: (fn, rows, scale) for name, (fn, rows, scale, _) in SPARSE_LOSSES.items()}
 
     def __init__(self, *args, query_weight: float | None, document_weight: float, warmup_ratio: float = 1 / 3,
-                 **kwargs) -> None:
+                 static_queries: bool = False, query_tokenizer: Tokenizer | None = None,
+                 query_length: int | None = None, **kwargs) -> None:
+        # Read by `_encode`, which the base class calls while it starts.
+        self.static_queries, self.query_tokenizer, self.query_length = static_queries, query_tokenizer, query_length
         super().__init__(*args, **kwargs)
+        self.query_tokenizer = self.query_tokenizer or self.tokenizer
+        self.query_length = self.query_length or self.seq_len
         self.query_weight, self.document_weight, self.warmup_ratio = query_weight, document_weight, warmup_ratio
         self.factor = 0.0  # the regularisers' warm-up: 0 at step 0, quadratic to 1 at warmup_ratio of the steps
 
@@ -62,6 +71,24 @@ class SparseTask(EmbeddingTask):
             return
         warmup = max(1, int(total_steps * self.warmup_ratio))
         self.factor = 1.0 if step >= warmup else (step / warmup) ** 2
+
+    def _encode(self, texts: list[str], query: bool) -> None:
+        if not (query and self.static_queries):
+            return super()._encode(texts, query)
+        from ..inference.sparse import static_features
+
+        tokenizer = self.query_tokenizer or self.tokenizer
+        limit = self.query_length or self.seq_len
+        for text, feature in zip(texts, static_features(tokenizer, [self.prompts.query + t for t in texts], limit)):
+            self._ids[(text, True)] = feature["input_ids"]
+
+    def micro_batch(self, epoch: int, index: int) -> dict[str, torch.Tensor]:
+        """The embedder's batch; for an inference-free model, `is_query` bool [C * B] marks the query rows."""
+        batch = super().micro_batch(epoch, index)
+        if self.static_queries:
+            rows = batch["input_ids"].shape[0] // len(self.data.columns)
+            batch["is_query"] = torch.arange(batch["input_ids"].shape[0]) < rows
+        return batch
 
     def vectors_loss(self, vectors: torch.Tensor, scores: torch.Tensor | None,
                      scale: float | torch.Tensor) -> torch.Tensor:
@@ -80,8 +107,10 @@ class SparseTask(EmbeddingTask):
         inference path's, so evaluation sees what `evaluate retrieval` will."""
         from ..inference.sparse import sparse_embed
 
-        return sparse_embed(model, self.tokenizer, texts, self.eval_batch_size, self.seq_len,
-                            self.prompts.query if query else self.prompts.document)
+        static = query and model.inference_free
+        return sparse_embed(model, self.query_tokenizer if static else self.tokenizer, texts, self.eval_batch_size,
+                            self.query_length if static else self.seq_len,
+                            self.prompts.query if query else self.prompts.document, query=query)
 
     def evaluate(self, model: SpladeEncoder) -> dict[str, float]:
         queries = self.dev.judged_queries()
@@ -98,23 +127,42 @@ class SparseTask(EmbeddingTask):
         """The trained model as a sentence-transformers SparseEncoder directory, prompts included."""
         from ..interop.sparse_dir import save_sparse_dir
 
-        save_sparse_dir(model, out, tokenizer, self.seq_len, self.prompts.named())
+        save_sparse_dir(model, out, tokenizer, self.seq_len, self.prompts.named(),
+                        None if self.query_tokenizer is self.tokenizer else self.query_tokenizer)
 
 
 def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: SpladeEncoder | None = None):
     """(SPLADE encoder, task) for `finetune sparse` (`cfg`: a `SparseConfig`)."""
-    from ..interop.sparse_dir import load_splade
+    from ..errors import ConfigError
+    from ..interop.sparse_dir import is_sparse_dir, load_splade, read_sparse_dir
+    from ..runconfig import flag
+    from ..tokenization.kinds import load_tokenizer
 
     data = read_tuples(train_path, cfg.train_split)
     loss = resolve_loss(cfg.loss, data, {n: rows for n, (_, rows, _, _) in SPARSE_LOSSES.items()}, SPARSE_ALIASES,
                         SPARSE_DEFAULTS)
     if model is None:
-        model = load_splade(cfg.model, cfg.pooling, cfg.activation)
+        model = load_splade(cfg.model, cfg.pooling, cfg.activation, cfg.inference_free)
     if cfg.max_active_dims is not None:
         model.max_active_dims = cfg.max_active_dims
+    query_tokenizer, query_length = None, None
+    if model.inference_free:
+        spec = read_sparse_dir(cfg.model) if is_sparse_dir(cfg.model) else None
+        if spec is not None and spec.query_dir is not None:  # the directory's own query tokenizer and its limit
+            query_tokenizer = load_tokenizer(spec.query_dir)
+            query_length = query_tokenizer.model_max_length
+        if cfg.query_lr is not None:
+            model.query_weights.lr_ratio = cfg.query_lr / cfg.lr  # read by `training.optim.parameter_groups`
+    elif cfg.query_lr is not None:
+        raise ConfigError(f"{flag('query_lr')} is the rate of an inference-free model's query weights; add "
+                          f"{flag('inference_free')}")
     task = SparseTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size,
                       cfg.seed, loss, cfg.scale, SPARSE_LOSSES[loss][3], Prompts(cfg.query_prompt, cfg.document_prompt),
                       mini_batch_size=cfg.mini_batch_size, query_weight=cfg.query_regularizer_weight,
-                      document_weight=cfg.document_regularizer_weight)
+                      document_weight=cfg.document_regularizer_weight, static_queries=model.inference_free,
+                      query_tokenizer=query_tokenizer, query_length=query_length)
     task.head = f"{model.pooling} over the tokens of {'log(1 + log(1 + relu))' if model.activation == 'log1p_relu' else 'log(1 + relu)'} of the masked-LM logits"
+    if model.inference_free:
+        task.head += ("; inference-free: queries weighted by a learned weight per vocabulary word "
+                      "(SparseStaticEmbedding), no encoder at query time")
     return model, task

@@ -172,7 +172,8 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         report = from_hf_state_dict(part, read_weights(path / sub / "model.safetensors"), source=str(path / sub))
         if report.missing_keys:
             raise CheckpointError(f"{path / sub}: checkpoint lacks {', '.join(report.missing_keys[:3])}")
-    if hasattr(model, "extra_state"):
+    # A model with no extra weights (a plain SPLADE model) may come from a checkpoint written without the file.
+    if hasattr(model, "extra_state") and (model.extra_state() or (path / "extra.safetensors").exists()):
         try:
             model.load_extra_state(load_file(path / "extra.safetensors"))
         except (OSError, SafetensorError, RuntimeError) as exc:

@@ -38,17 +38,20 @@ from .runs import claim_output, report, save_run_config
 def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
     """The run's tokenizer, checked against the model: every id it can give must have an embedding."""
     if Path(cfg.model).is_dir():
-        config = read_config(cfg.model)
+        from ..interop.sparse_dir import encoder_dir
+
+        model = str(encoder_dir(cfg.model))  # an inference-free SPLADE model's encoder is in a subfolder
+        config = read_config(model)
         fit_seq_len(cfg, config)
-        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+        tokenizer = load_tokenizer(cfg.tokenizer or model)
         largest = max(tokenizer.get_vocab().values())
         if largest >= config.vocab_size:
-            source = cfg.tokenizer or f"{cfg.model}'s tokenizer"
-            raise BertforgeError(f"{source} gives ids up to {largest:,}, but {cfg.model} embeds only "
+            source = cfg.tokenizer or f"{model}'s tokenizer"
+            raise BertforgeError(f"{source} gives ids up to {largest:,}, but {model} embeds only "
                                  f"{config.vocab_size:,} (vocab_size in its config.json); use the tokenizer the model "
                                  "was trained with")
-        own = _has_tokenizer(cfg.model) and cfg.tokenizer
-        if own and load_tokenizer(cfg.model).get_vocab() != tokenizer.get_vocab():
+        own = _has_tokenizer(model) and cfg.tokenizer
+        if own and load_tokenizer(model).get_vocab() != tokenizer.get_vocab():
             # Its embeddings would be trained under ids that name other tokens, as distill refuses for a student.
             raise BertforgeError(f"--tokenizer {cfg.tokenizer}: its vocabulary is not the checkpoint's ({cfg.model} "
                                  "holds its own tokenizer); fine-tune with the tokenizer the model was trained with")

@@ -126,8 +126,8 @@ def add(api: Api) -> None:
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         counts = api.counted(texts, "inputs", most, api.truncates(body.truncate))
         prompt = api.prompt("prompt_name", name=body.prompt_name)
-        found = await api.submit("splade", [(t, (side_of(body.truncation_direction), prompt)) for t in texts],
-                                 sum(min(n, most) for n in counts))
+        found = await api.submit("splade", [(t, (side_of(body.truncation_direction), prompt, body.is_query))
+                                            for t in texts], sum(min(n, most) for n in counts))
         from scipy import sparse
 
         items = sparse_items(sparse.vstack(found, format="csr")) if found else []
