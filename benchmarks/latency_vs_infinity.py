@@ -1,0 +1,188 @@
+"""Single-request latency and throughput: `bertforge serve` against infinity-emb (torch and ONNX Runtime engines).
+
+infinity-emb is the Python embedding server users pick instead of bertforge. It pins typer < 0.13, so it lives in its
+own virtual environment, named by `--infinity` (its `infinity_emb` executable):
+
+    python -m venv ../infinity-venv && ../infinity-venv/bin/pip install torch==2.13.0 \\
+        && ../infinity-venv/bin/pip install "infinity-emb[server,torch,optimum]==0.0.78"
+    python -m benchmarks.latency_vs_infinity --infinity ../infinity-venv/bin/infinity_emb [--rounds 3]
+
+Every server serves the same model (all-MiniLM-L6-v2, copied to a scratch folder so that no engine writes beside
+the installed one) on 127.0.0.1 with the same threads (OMP_NUM_THREADS / MKL_NUM_THREADS = --threads), and is asked
+through the same OpenAI-style route (bertforge's /v1/embeddings, infinity's /embeddings). Three measures, each run on
+every server in turn inside each round (the order rotating), so every comparison shares the machine's drift:
+
+- single: one SST-2 dev sentence per request, sent one after another (--single requests, >= 200): p50 and p99 ms;
+- clients: 16 keep-alive clients sending 8 sentences per request for --seconds: sentences/s and request p99;
+- bulk: the SST-2 dev set (872 sentences) in requests of 64, one after another: sentences/s.
+
+Reported: each measure's per-round values and medians, and bertforge's ratio against the best peer (latency: the
+peer's over bertforge's, so > 1 means bertforge is faster). Load is bounded in count and time and goes to loopback
+only. Writes benchmarks/results/latency_vs_infinity.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import DATA, machine, minilm_dir, need, save
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from server_utils import call, free_port, serving  # noqa: E402
+
+from bertforge.server.loadtest import run_load  # noqa: E402
+
+MODEL_NAME = "minilm"
+
+
+def sentences() -> list[str]:
+    lines = need(DATA / "glue" / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return [line.split("\t")[0] for line in lines]
+
+
+def servers(model: Path, infinity: str | None, threads: int, engines: list[str]) -> dict[str, tuple[list[str], str]]:
+    """name -> (command, embeddings route) for every server compared; the port is filled in when each starts."""
+    out = {"bertforge": ([sys.executable, "-m", "bertforge", "serve", "--model", str(model),
+                          "--served-model-name", MODEL_NAME, "--port", "{port}"], "/v1/embeddings")}
+    if infinity:
+        for engine in engines:
+            out[f"infinity-{engine}"] = ([infinity, "v2", "--model-id", str(model), "--served-model-name",
+                                          MODEL_NAME, "--engine", engine, "--device", "cpu", "--host", "127.0.0.1",
+                                          "--port", "{port}", "--batch-size", "64"], "/embeddings")
+    return out
+
+
+def bulk(port: int, route: str, texts: list[str], size: int = 64) -> float:
+    """Sentences per second embedding `texts` in requests of `size`, one after another."""
+    start = time.perf_counter()
+    for i in range(0, len(texts), size):
+        status, body = call(port, route, {"model": MODEL_NAME, "input": texts[i:i + size]})
+        if status != 200 or len(body["data"]) != len(texts[i:i + size]):
+            raise SystemExit(f"bulk request failed on port {port}: {status} {str(body)[:300]}")
+    return len(texts) / (time.perf_counter() - start)
+
+
+def measure(port: int, route: str, pid: int, texts: list[str], single: int, seconds: float) -> dict[str, float]:
+    one = run_load("127.0.0.1", port, route, {"model": MODEL_NAME, "input": [texts[0]]}, concurrency=1,
+                   duration=120.0, max_requests=single, server_pid=pid)
+    many = run_load("127.0.0.1", port, route, {"model": MODEL_NAME, "input": texts[1:9]}, concurrency=16,
+                    duration=seconds, server_pid=pid)
+    if one.errors or many.errors:
+        raise SystemExit(f"errors on port {port}: {one.statuses} {many.statuses}")
+    return {"single_p50_ms": one.percentile(50), "single_p99_ms": one.percentile(99),
+            "clients_sentences_per_s": many.requests_per_s * 8, "clients_p99_ms": many.percentile(99),
+            "bulk_sentences_per_s": bulk(port, route, texts)}
+
+
+def export_onnx(model: Path) -> None:
+    """onnx/model.onnx beside the model, as the Hub repository ships it for infinity's ONNX Runtime engine (inputs
+    input_ids, attention_mask, token_type_ids; output last_hidden_state; batch and length dynamic), exported from
+    transformers' own model by torch's ONNX exporter and checked against it. (optimum's exporter is what made the Hub
+    file; the optimum release infinity 0.0.78 runs with cannot export under torch 2.13.)"""
+    import numpy as np
+    import onnxruntime
+    import torch
+    import transformers
+
+    encoder = transformers.AutoModel.from_pretrained(model, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                token_type_ids=token_type_ids).last_hidden_state
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    example = tokenizer(["an example", "a longer example sentence to export"], padding=True, return_tensors="pt")
+    (model / "onnx").mkdir()
+    axes = {name: {0: "batch_size", 1: "sequence_length"} for name in names + ["last_hidden_state"]}
+    torch.onnx.export(LastHidden().eval(), tuple(example[n] for n in names), str(model / "onnx" / "model.onnx"),
+                      input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=18,
+                      dynamo=True, external_data=False)
+    texts = ["one two three four five six seven eight nine", "x", "a b"]
+    batch = tokenizer(texts, padding=True, return_tensors="np")
+    got = onnxruntime.InferenceSession(str(model / "onnx" / "model.onnx")).run(
+        None, {n: batch[n].astype(np.int64) for n in names})[0]
+    with torch.no_grad():
+        want = encoder(**tokenizer(texts, padding=True, return_tensors="pt")).last_hidden_state.numpy()
+    real = batch["attention_mask"][..., None].astype(bool)
+    if np.abs(np.where(real, got - want, 0)).max() > 1e-4:
+        raise SystemExit("the ONNX export does not match transformers' model")
+
+
+LOWER_IS_BETTER = ("single_p50_ms", "single_p99_ms", "clients_p99_ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--infinity", help="infinity-emb's `infinity_emb` executable (its own venv); without it, "
+                                           "bertforge alone")
+    parser.add_argument("--engines", default="torch,optimum", help="infinity engines (optimum: ONNX Runtime)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--single", type=int, default=200, help="sequential single-sentence requests per round")
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of the 16-client load per round")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    texts = sentences()
+    os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+                      INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "all-MiniLM-L6-v2"
+        shutil.copytree(minilm_dir(), model)
+        if args.infinity and "optimum" in args.engines:
+            export_onnx(model)
+        commands = servers(model, args.infinity, args.threads, args.engines.split(","))
+        results: dict[str, dict[str, list[float]]] = {name: {} for name in commands}
+        started = {}
+        # All servers run at once (idle ones cost memory, not CPU), so the rounds can interleave them.
+        with contextlib.ExitStack() as stack:
+            for name, (command, route) in commands.items():
+                port = free_port()
+                proc = stack.enter_context(serving([c.replace("{port}", str(port)) for c in command], port))
+                started[name] = (port, route, proc.pid)
+                for _ in range(5):  # warm-up: the first calls load kernels and build graphs
+                    bulk(port, route, texts[:64], 64)
+                print(f"{name} ready on {port}", flush=True)
+            names = list(started)
+            for r in range(args.rounds):
+                order = names[r % len(names):] + names[:r % len(names)]
+                for name in order:
+                    port, route, pid = started[name]
+                    row = measure(port, route, pid, texts, args.single, args.seconds)
+                    for key, value in row.items():
+                        results[name].setdefault(key, []).append(value)
+                    print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
+    medians = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in results.items()}
+    ratios = {}
+    peers = [n for n in medians if n != "bertforge"]
+    if peers:
+        for key in medians["bertforge"]:
+            ours = medians["bertforge"][key]
+            if key in LOWER_IS_BETTER:
+                best = min(medians[p][key] for p in peers)
+                ratios[key] = best / ours
+            else:
+                best = max(medians[p][key] for p in peers)
+                ratios[key] = ours / best
+    result = {"machine": machine(), "model": "all-MiniLM-L6-v2", "threads": args.threads, "rounds": args.rounds,
+              "single_requests": args.single, "client_seconds": args.seconds, "per_round": results,
+              "medians": medians, "bertforge_vs_best_peer": ratios}
+    print(json.dumps({"medians": medians, "bertforge_vs_best_peer": ratios}, indent=2))
+    save("latency_vs_infinity", result)
+
+
+if __name__ == "__main__":
+    main()
