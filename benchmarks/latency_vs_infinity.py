@@ -5,7 +5,8 @@ own virtual environment, named by `--infinity` (its `infinity_emb` executable):
 
     python -m venv ../infinity-venv && ../infinity-venv/bin/pip install torch==2.13.0 \\
         && ../infinity-venv/bin/pip install "infinity-emb[server,torch,optimum]==0.0.78"
-    python -m benchmarks.latency_vs_infinity --infinity ../infinity-venv/bin/infinity_emb [--rounds 3]
+    python -m benchmarks.latency_vs_infinity --infinity ../infinity-venv/bin/infinity_emb [--rounds 3] \
+        [--bertforge-backends fused,onnx]
 
 Every server serves the same model (all-MiniLM-L6-v2, copied to a scratch folder so that no engine writes beside
 the installed one) on 127.0.0.1 with the same threads (OMP_NUM_THREADS / MKL_NUM_THREADS = --threads), and is asked
@@ -49,10 +50,15 @@ def sentences() -> list[str]:
     return [line.split("\t")[0] for line in lines]
 
 
-def servers(model: Path, infinity: str | None, threads: int, engines: list[str]) -> dict[str, tuple[list[str], str]]:
-    """name -> (command, embeddings route) for every server compared; the port is filled in when each starts."""
-    out = {"bertforge": ([sys.executable, "-m", "bertforge", "serve", "--model", str(model),
-                          "--served-model-name", MODEL_NAME, "--port", "{port}"], "/v1/embeddings")}
+def servers(model: Path, infinity: str | None, threads: int, engines: list[str],
+            backends: list[str]) -> dict[str, tuple[list[str], str]]:
+    """name -> (command, embeddings route) for every server compared; the port is filled in when each starts.
+    bertforge's default backend is named "bertforge", any other "bertforge-<backend>"."""
+    out = {}
+    for backend in backends:
+        out["bertforge" if backend == backends[0] else f"bertforge-{backend}"] = (
+            [sys.executable, "-m", "bertforge", "serve", "--model", str(model), "--served-model-name", MODEL_NAME,
+             "--port", "{port}", "--backend", backend], "/v1/embeddings")
     if infinity:
         for engine in engines:
             out[f"infinity-{engine}"] = ([infinity, "v2", "--model-id", str(model), "--served-model-name",
@@ -135,6 +141,8 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=200, help="sequential single-sentence requests per round")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of the 16-client load per round")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bertforge-backends", default="fused",
+                        help="bertforge serve --backend values; the first is the one compared (its default)")
     args = parser.parse_args()
     texts = sentences()
     os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
@@ -144,7 +152,8 @@ def main() -> None:
         shutil.copytree(minilm_dir(), model)
         if args.infinity and "optimum" in args.engines:
             export_onnx(model)
-        commands = servers(model, args.infinity, args.threads, args.engines.split(","))
+        commands = servers(model, args.infinity, args.threads, args.engines.split(","),
+                           args.bertforge_backends.split(","))
         results: dict[str, dict[str, list[float]]] = {name: {} for name in commands}
         started = {}
         # All servers run at once (idle ones cost memory, not CPU), so the rounds can interleave them.
@@ -167,7 +176,7 @@ def main() -> None:
                     print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
     medians = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in results.items()}
     ratios = {}
-    peers = [n for n in medians if n != "bertforge"]
+    peers = [n for n in medians if not n.startswith("bertforge")]
     if peers:
         for key in medians["bertforge"]:
             ours = medians["bertforge"][key]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -41,6 +42,14 @@ def length_batches(lengths: list[int], batch_size: int) -> Iterator[list[int]]:
 
 def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def evaluating(module: Any) -> Any:
+    """`module.eval()`, skipped when no part of it is training: eval() sets the flag on every submodule, ~0.3 ms
+    for a 6-layer encoder on every call (every request a server answers), where looking costs a third of that."""
+    if not isinstance(module, torch.nn.Module) or any(m.training for m in module.modules()):
+        module.eval()
+    return module
 
 
 def run_sorted(features: list[dict], pad_id: int, batch_size: int, step: Callable[[dict, list[int]], list],

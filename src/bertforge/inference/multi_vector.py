@@ -14,7 +14,7 @@ import torch
 from ..interop.colbert_dir import ColbertSpec, check_expansion, prefix_ids, skiplist_ids
 from ..models.colbert import ColbertEncoder
 from ..tokenization.tokenizer import Tokenizer
-from .loop import device_of, run_sorted
+from .loop import device_of, evaluating, run_sorted
 
 
 def colbert_features(tokenizer: Tokenizer, spec: ColbertSpec, texts: list[str], is_query: bool) -> list[dict]:
@@ -59,7 +59,7 @@ def kept_positions(batch: dict, real: torch.Tensor, spec: ColbertSpec, is_query:
 def multi_vector_embed(model: ColbertEncoder, tokenizer: Tokenizer, spec: ColbertSpec, texts: list[str],
                        is_query: bool, batch_size: int = 32, progress: bool = False) -> list[np.ndarray]:
     """Each text's kept token vectors: float32 [n_i, D] arrays, in input order."""
-    model.eval()
+    evaluating(model)
     if is_query:
         check_expansion(model.backbone, spec, "the ColBERT settings")
     features = colbert_features(tokenizer, spec, texts, is_query)

@@ -19,7 +19,7 @@ from ..errors import InputError
 from ..interop.sentence_dir import POOLING_MODES, SentencePipeline
 from ..models.heads import BertForMaskedLM, BertForPreTraining
 from ..tokenization.tokenizer import Tokenizer
-from .loop import device_of, run_sorted
+from .loop import device_of, evaluating, run_sorted
 
 
 def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
@@ -102,7 +102,7 @@ def fill_mask(model: BertForMaskedLM | BertForPreTraining, tokenizer: Tokenizer,
             target_ids.append(tokenizer.token_to_id(pieces[0]))
     for i, text in enumerate(texts):
         _check_masks(tokenizer, text, f"input {i + 1}", model.config.max_sequence_length, truncates=True)
-    model.eval()
+    evaluating(model)
     weight = model.backbone.embeddings.word.weight
 
     def step(batch, rows):
@@ -131,7 +131,7 @@ def fill_mask_joint(model, tokenizer: Tokenizer, text: str) -> dict:
     """Fill every [MASK] of one text, most confident first: predict all, fix the surest, repeat."""
     _check_masks(tokenizer, text, "the input", model.config.max_sequence_length, truncates=False)
     ids = torch.tensor([tokenizer.encode(text)])
-    model.eval()
+    evaluating(model)
     filled = []
     while True:
         at = (ids[0] == tokenizer.mask_token_id).nonzero()[:, 0]
@@ -155,7 +155,7 @@ def classify(model, tokenizer: Tokenizer, texts: list[str], pairs: list[str] | N
     """Label and scores per text: softmax, sigmoid for multi-label, the value for regression.
     With `logits`, each row also carries the raw logits (`"logits": [num_labels]`). A long input
     (or pair) is cut on `truncation_side`; `segments`: see `_run_sorted`."""
-    model.eval()
+    evaluating(model)
     config = model.config
     kind = model.problem_type()
     names = config.label_names
@@ -244,7 +244,7 @@ def embed(model, tokenizer: Tokenizer, texts: list[str | list[int]], pooling: st
             raise InputError(f"unknown pooling {pooling!r} ({', '.join(EMBED_POOLING)})")
         sentence = SentencePipeline(steps=[("pool", (pooling,))] + ([("normalize", None)] if normalize else []))
     backbone = getattr(model, "backbone", model)
-    backbone.eval()
+    evaluating(backbone)
     use_pooler = sentence.pooling == ("pooler",)
     if use_pooler and backbone.pooler is None:
         raise InputError("this model has no pooler; use --pooling mean or cls")
@@ -277,7 +277,7 @@ def token_vectors(model, tokenizer: Tokenizer, texts: list[str | list[int]], max
     """The encoder's last hidden state at every token of each input, special tokens included:
     float32 [T_i, H] per input (TEI's /embed_all; sentence-transformers' `output_value="token_embeddings"`)."""
     backbone = getattr(model, "backbone", model)
-    backbone.eval()
+    evaluating(backbone)
     max_length = min(max_length or tokenizer.model_max_length, backbone.config.max_sequence_length)
 
     def step(batch, rows):
@@ -331,7 +331,7 @@ def ner(model, tokenizer: Tokenizer, texts: list[str], aggregation: str = "first
     """
     if aggregation not in ("first", "average", "max", "none", "simple"):
         raise InputError(f"unknown aggregation {aggregation!r} (first, average, max, simple or none)")
-    model.eval()
+    evaluating(model)
     names = model.config.id2label
     max_length = min(max_length or model.config.max_sequence_length, model.config.max_sequence_length)
     # Windows must move forward: the overlap has to be shorter than a window's text ([CLS] and [SEP] aside).
@@ -469,7 +469,7 @@ def _qa_windows(model, tokenizer: Tokenizer, items: list[dict], max_length: int,
 
 def _window_logits(model, tokenizer: Tokenizer, features: list[dict], batch_size: int) -> tuple[tuple, tuple]:
     """(start logits, end logits) of each QA window, float [T] each, through the one inference loop."""
-    model.eval()
+    evaluating(model)
 
     def step(batch: dict, rows: list[int]) -> list:
         out = model(**batch)

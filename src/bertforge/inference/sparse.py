@@ -16,7 +16,7 @@ import torch
 from ..interop.sparse_dir import SparseSpec
 from ..models.splade import SpladeEncoder
 from ..tokenization.tokenizer import Tokenizer
-from .loop import device_of, run_sorted
+from .loop import device_of, evaluating, run_sorted
 
 
 def static_features(tokenizer: Tokenizer, texts: list[str | list[int]], max_length: int,
@@ -50,7 +50,7 @@ def sparse_embed(model: SpladeEncoder, tokenizer: Tokenizer, texts: list[str | l
 
     from .pipelines import _features
 
-    model.eval()
+    evaluating(model)
     static = query and model.inference_free
     inputs = [prompt + t if isinstance(t, str) else t for t in texts]
     if static:
