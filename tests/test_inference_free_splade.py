@@ -120,6 +120,16 @@ def test_predict_and_serve_encode_queries_by_the_static_weights(free_dir, capsys
                 for item in items:
                     got[item["index"]] = item["value"]
                 assert np.abs(got - row).max() < 1e-5 and np.array_equal(got > 0, row > 0)
+        # A query longer than the document encoder's 40 tokens is not refused: the static side reads it whole, as
+        # encode_query does (its tokenizer's own limit is 512).
+        long_query = " ".join(QUERIES * 4)
+        status, body = call(port, "/embed_sparse", {"inputs": long_query, "is_query": True})
+        want = _dense(SparseEncoder(str(free_dir), device="cpu").encode_query([long_query], convert_to_tensor=True))[0]
+        assert status == 200, body
+        got = np.zeros_like(want)
+        for item in body[0]:
+            got[item["index"]] = item["value"]
+        assert np.abs(got - want).max() < 1e-5 and np.array_equal(got > 0, want > 0)
 
 
 def test_trained_inference_free_model_loads_in_sparse_encoder(tmp_path, splade_dir, data, capsys):  # noqa: F811

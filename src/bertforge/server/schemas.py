@@ -171,8 +171,9 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
         prompt_name: PromptName = PROMPT_NAME
         readable: bool = Field(False, description="bertforge: answer each input as {token: weight}, heaviest first, "
                                                   "instead of TEI's [{'index', 'value'}]")
-        is_query: bool = Field(False, description="bertforge: encode as queries (SparseEncoder.encode_query's route: "
-                                                  "an inference-free model's query weights); else the model's "
+        is_query: bool = Field(False, description="bertforge: encode as SparseEncoder.encode_query does (the query "
+                                                  "route: an inference-free model's query weights; the 'query' "
+                                                  "prompt unless prompt_name says another); else the model's "
                                                   "default route")
 
     class EmbedMultiVector(TEIEmbedAll):

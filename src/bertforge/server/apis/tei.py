@@ -8,6 +8,7 @@ same style, /embed_multi_vector (a ColBERT model's token vectors, which TEI does
 import numpy as np
 
 from ...inference.hf_pipeline import ranked
+from ...interop.sentence_dir import side_prompt
 from ...inference.sparse import readable, sparse_items
 from ..errors import Refused
 from .bertforge import embed_texts
@@ -124,8 +125,13 @@ def add(api: Api) -> None:
             raise Refused(404, f"this model ({service.architecture}) is not a SPLADE model: /embed_sparse needs a "
                                "sentence-transformers SparseEncoder directory; use /embed")
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        counts = api.counted(texts, "inputs", most, api.truncates(body.truncate))
+        # An inference-free model's queries are cut to its query tokenizer's length, as SparseStaticEmbedding cuts
+        # them: the document encoder's limit does not apply to them.
+        static = body.is_query and service.splade.model.inference_free
+        counts = api.counted(texts, "inputs", most, api.truncates(body.truncate) or static)
         prompt = api.prompt("prompt_name", name=body.prompt_name)
+        if body.is_query and body.prompt_name is None:  # as SparseEncoder.encode_query: the "query" prompt, if any
+            prompt = side_prompt(service.sentence.prompts, "query")
         found = await api.submit("splade", [(t, (side_of(body.truncation_direction), prompt, body.is_query))
                                             for t in texts], sum(min(n, most) for n in counts))
         from scipy import sparse
