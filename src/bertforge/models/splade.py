@@ -69,8 +69,9 @@ class SpladeEncoder(nn.Module):
         else:
             # The query part always runs (on no rows, if need be), so that the query weights take part in every
             # call: DDP and GradCache's replay expect the same parameters used whatever the batch holds.
-            out = self.static(input_ids, attention_mask) * is_query[:, None]
-            documents = (~is_query).nonzero(as_tuple=True)[0]
+            queries, documents = is_query.nonzero(as_tuple=True)[0], (~is_query).nonzero(as_tuple=True)[0]
+            out = input_ids.new_zeros((input_ids.shape[0], self.dimension), dtype=torch.float32).index_put(
+                (queries,), self.static(input_ids[queries], attention_mask[queries]))
             if len(documents):
                 out = out.index_put((documents,), self._splade(
                     input_ids[documents], attention_mask[documents],
