@@ -102,13 +102,18 @@ class SparseModel:
 
     @classmethod
     def load(cls, model_dir: str | Path) -> "SparseModel":
-        from ..interop.sparse_dir import encoder_dir, load_splade, query_tokenizer, read_sparse_dir
+        from ..interop.sparse_dir import load_sparse
         from ..tokenization.kinds import load_tokenizer
 
-        model = load_splade(model_dir).eval()
-        tokenizer = load_tokenizer(encoder_dir(model_dir))
-        return cls(model, read_sparse_dir(model_dir, model.config.vocab_size), tokenizer,
-                   query_tokenizer(model_dir, tokenizer))
+        model, spec = load_sparse(model_dir)
+        return cls.of(model.eval(), spec, load_tokenizer(spec.encoder))
+
+    @classmethod
+    def of(cls, model: SpladeEncoder, spec: SparseSpec, tokenizer: Tokenizer) -> "SparseModel":
+        """With the encoder's `tokenizer`; the queries' is an inference-free directory's own, else the same."""
+        from ..tokenization.kinds import load_tokenizer
+
+        return cls(model, spec, tokenizer, load_tokenizer(spec.query_dir) if spec.query_dir is not None else tokenizer)
 
     def encode(self, texts: list[str | list[int]], query: bool | None = None, prompt: str | None = None,
                batch_size: int = 32, max_length: int | None = None, progress: bool = False,

@@ -52,6 +52,8 @@ class SparseSpec(DirectorySettings):
     query_dir: Path | None = None
     query_frozen: bool = False
     default_side: str = "document"
+    dimension: int | None = None  # SpladePooling's embedding_dimension, when it names one
+    dimension_file: Path | None = None
 
 
 def is_sparse_dir(model_dir: str | Path) -> bool:
@@ -168,10 +170,10 @@ def read_sparse_dir(model_dir: str | Path, vocab_size: int | None = None) -> Spa
     if spec.activation not in SPLADE_ACTIVATIONS:
         raise ConfigError(f"{pooling_file}: key 'activation_function' is {spec.activation!r}; use "
                           f"{' or '.join(SPLADE_ACTIVATIONS)}")
-    dim = pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
-    if dim is not None and vocab_size is not None and dim != vocab_size:
-        raise ConfigError(f"{pooling_file}: key 'embedding_dimension' is {dim}, not the model's vocabulary size "
-                          f"{vocab_size}")
+    spec.dimension = pooling.get("embedding_dimension", pooling.get("word_embedding_dimension"))
+    spec.dimension_file = pooling_file
+    if vocab_size is not None:
+        check_vocabulary(spec, vocab_size)
     unknown = sorted(set(pooling) - {"pooling_strategy", "activation_function", "embedding_dimension",
                                      "word_embedding_dimension", "chunk_size"})
     if unknown:  # chunk_size only splits the work: the vectors are the same
@@ -184,6 +186,13 @@ def read_sparse_dir(model_dir: str | Path, vocab_size: int | None = None) -> Spa
                           "positive integer")
     spec.max_active_dims = top
     return spec
+
+
+def check_vocabulary(spec: SparseSpec, vocab_size: int) -> None:
+    """Refuse a directory whose SpladePooling names another dimension than the model's vocabulary."""
+    if spec.dimension is not None and spec.dimension != vocab_size:
+        raise ConfigError(f"{spec.dimension_file}: key 'embedding_dimension' is {spec.dimension}, not the model's "
+                          f"vocabulary size {vocab_size}")
 
 
 def read_query_weights(spec: SparseSpec, vocab_size: int) -> torch.Tensor:
@@ -205,26 +214,23 @@ def read_query_weights(spec: SparseSpec, vocab_size: int) -> torch.Tensor:
     return tensors["weight"].float()
 
 
-def query_tokenizer(model_dir: str | Path, tokenizer):
-    """The tokenizer a sparse directory's queries are cut with: an inference-free model's own query tokenizer (its
-    model_max_length is the queries' limit), else `tokenizer` (the encoder's)."""
-    from ..tokenization.kinds import load_tokenizer
-
-    model_dir = Path(model_dir)
-    spec = read_sparse_dir(model_dir) if is_sparse_dir(model_dir) else SparseSpec()
-    return load_tokenizer(spec.query_dir) if spec.query_dir is not None else tokenizer
-
-
 def load_splade(model_dir: str | Path, pooling: str | None = None, activation: str | None = None,
                 inference_free: bool = False) -> SpladeEncoder:
     """A trainable `SpladeEncoder` from a SparseEncoder directory (its settings kept unless given; an inference-free
     one with its query weights) or from any family checkpoint with a masked-LM head (max pooling and relu unless
     given). `inference_free` gives a model without query weights new ones, all 1.0 (SparseStaticEmbedding's start)."""
+    return load_sparse(model_dir, pooling, activation, inference_free)[0]
+
+
+def load_sparse(model_dir: str | Path, pooling: str | None = None, activation: str | None = None,
+                inference_free: bool = False) -> tuple[SpladeEncoder, SparseSpec]:
+    """`load_splade`'s model and the directory's settings, the directory read once."""
     from .hf import family_of, load_pretrained
 
-    encoder = encoder_dir(model_dir)
-    mlm = load_pretrained(family_of(encoder).head("masked-lm"), encoder)
-    spec = read_sparse_dir(model_dir, mlm.config.vocab_size) if is_sparse_dir(model_dir) else SparseSpec()
+    model_dir = Path(model_dir)
+    spec = read_sparse_dir(model_dir) if is_sparse_dir(model_dir) else SparseSpec(encoder=model_dir)
+    mlm = load_pretrained(family_of(spec.encoder).head("masked-lm"), spec.encoder)
+    check_vocabulary(spec, mlm.config.vocab_size)
     weights = None
     if spec.query_dir is not None:
         weights = read_query_weights(spec, mlm.config.vocab_size)
@@ -233,7 +239,7 @@ def load_splade(model_dir: str | Path, pooling: str | None = None, activation: s
     model = SpladeEncoder(mlm, pooling or spec.pooling, activation or spec.activation, spec.max_active_dims, weights)
     if spec.query_frozen:
         model.query_weights.requires_grad_(False)
-    return model
+    return model, spec
 
 
 def save_sparse_dir(encoder: SpladeEncoder, out: str | Path, tokenizer, max_seq_length: int,

@@ -271,17 +271,17 @@ class Service:
         eager copy."""
         from ..inference.sparse import SparseModel
         from ..interop.sentence_dir import SentencePipeline
-        from ..interop.sparse_dir import query_tokenizer, read_query_weights, read_sparse_dir
+        from ..interop.sparse_dir import check_vocabulary, read_query_weights, read_sparse_dir
         from ..models.splade import SpladeEncoder
 
         spec = read_sparse_dir(model_dir)
         mlm = served if isinstance(served, head.cls) else head.cls.from_pretrained(spec.encoder).eval()
-        spec = read_sparse_dir(model_dir, mlm.config.vocab_size)
+        check_vocabulary(spec, mlm.config.vocab_size)
         sentence = SentencePipeline(max_length=spec.max_length, lowercase=spec.lowercase, prompt=spec.prompt,
                                     similarity=spec.similarity, prompts=spec.prompts)
         weights = read_query_weights(spec, mlm.config.vocab_size) if spec.query_dir is not None else None
         model = SpladeEncoder(mlm, spec.pooling, spec.activation, spec.max_active_dims, weights).eval()
-        return SparseModel(model, spec, self.tokenizer, query_tokenizer(model_dir, self.tokenizer)), sentence
+        return SparseModel.of(model, spec, self.tokenizer), sentence
 
     def classify_items(self, items: list[tuple[str, str | None]], side: str = "right") -> list[dict]:
         """(text, pair or None) items from any mix of requests: singles and pairs run as two batches.
