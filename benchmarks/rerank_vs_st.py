@@ -14,7 +14,7 @@ Both train the recipe above with seeds 1, 2, 3, now both in bf16 autocast (the s
 are "the same" when their mean nDCG@10 differ by at most the larger standard deviation.
 
     python -m benchmarks.rerank_vs_st [--rounds 2] [--pairs 512]
-    python -m benchmarks.rerank_vs_st --quality [--pairs 1024] [--seeds 1,2,3]
+    python -m benchmarks.rerank_vs_st --quality [--pairs 1024] [--seeds 1,2,3] [--trainers sentence-transformers]
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def st_train(model_dir: str, train: str, out: str, seed: int = 0, bf16: bool = F
     print(seconds)
 
 
-def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int, seeds: list[int]) -> None:
+def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int, seeds: list[int],
+            trainers: list[str]) -> None:
     """Train both with each seed and rerank one first stage with each model (the control; see the docstring).
 
     Each finished seed is written to rerank_quality_vs_st_partial.json at once, so a stopped run keeps its seeds."""
@@ -82,7 +83,7 @@ def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int, se
     first = bertforge_json("evaluate", "retrieval", "--model", str(minilm_dir()), "--data", str(squad_set),
                            "--split", sample, "--top-k", "20", "--run", str(tmp / "first.trec"))
     print(f"first stage: nDCG@10 {first['ndcg@10']:.4f}", flush=True)
-    ndcg: dict[str, list[float]] = {"bertforge": [], "sentence-transformers": []}
+    ndcg: dict[str, list[float]] = {name: [] for name in trainers}
     for seed in seeds:
         for name in ndcg:
             out = tmp / f"q-{name}-{seed}"
@@ -96,6 +97,8 @@ def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int, se
             print(f"seed {seed} {name}: reranked nDCG@10 {scored['ndcg@10']:.4f}", flush=True)
             save("rerank_quality_vs_st_partial", {"machine": machine(), "pairs": pairs, "seeds": seeds,
                                                   "first_stage_ndcg@10": first["ndcg@10"], "reranked": ndcg})
+    if len(trainers) < 2:  # one side of the control: its seeds are in the partial file, to merge by hand
+        return
     summary = {name: mean_std(v) for name, v in ndcg.items()}
     result = {"machine": machine(), "pairs": pairs, "first_stage_ndcg@10": first["ndcg@10"], "reranked": summary,
               "verdict": verdict(summary["sentence-transformers"], summary["bertforge"])}
@@ -109,6 +112,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=512)
     parser.add_argument("--quality", action="store_true", help="the reranker-quality control (see the docstring)")
     parser.add_argument("--seeds", default="1,2,3", help="the control's seeds, comma-separated")
+    parser.add_argument("--trainers", default="bertforge,sentence-transformers",
+                        help="the control's trainers (one alone, to finish a stopped run's seed)")
     parser.add_argument("--st-run", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--st-seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--st-bf16", action="store_true", help=argparse.SUPPRESS)
@@ -143,7 +148,8 @@ def main() -> None:
         (squad_set / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
             f"{q}\t{d}\t1\n" for q in run for d in dev.qrels[q]), encoding="utf-8")
         if args.quality:
-            quality(model, train, squad_set, tmp, len(rows), [int(x) for x in args.seeds.split(",")])
+            quality(model, train, squad_set, tmp, len(rows), [int(x) for x in args.seeds.split(",")],
+                    [t for t in ("bertforge", "sentence-transformers") if t in args.trainers.split(",")])
             return
         seconds = {"bertforge": [], "sentence-transformers": []}
         for r in range(args.rounds):
