@@ -321,18 +321,13 @@ def test_training_takes_sentence_transformer_trainers_steps(tmp_path, st_dir, da
     epoch (so neither sampler's order matters), `finetune embed` and SentenceTransformerTrainer log the same
     MultipleNegativesRankingLoss at every step (schedule, warmup, AdamW's decay groups, clipping, the Dense
     layer's training) and end with the same vectors."""
-    import shutil
-
     import datasets
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.training_args import BatchSamplers
 
-    start = tmp_path / "start"
-    shutil.copytree(st_dir, start)
-    config = json.loads((start / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (start / "config.json").write_text(json.dumps(config))
+    from st_trainer_utils import reference_losses, without_dropout
+
+    start = without_dropout(st_dir, tmp_path / "start")
     rows = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()][:8]
     assert len({r["positive"] for r in rows}) == len({r["query"] for r in rows}) == 8
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -345,21 +340,9 @@ def test_training_takes_sentence_transformer_trainers_steps(tmp_path, st_dir, da
     ours = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
     model = st.SentenceTransformer(str(start), device="cpu")
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "st"), per_device_train_batch_size=8, learning_rate=lr, num_train_epochs=steps,
-        warmup_ratio=0.1, weight_decay=0.3, adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear",
-        seed=0, batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", eval_strategy="no",
-        logging_strategy="steps", logging_steps=1, report_to=[], use_cpu=True, dataloader_num_workers=0,
-        disable_tqdm=True)
     train = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in ("query", "positive")})
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
-                                         loss=MultipleNegativesRankingLoss(model))
-    grad = torch.is_grad_enabled()
-    try:
-        trainer.train()
-    finally:
-        torch.set_grad_enabled(grad)
-    theirs = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    theirs = reference_losses(SentenceTransformerTrainer, SentenceTransformerTrainingArguments, model,
+                              MultipleNegativesRankingLoss(model), train, tmp_path / "st", 8, lr, steps, 0.3)
     assert len(ours) == len(theirs) == steps
     assert ours[-1] < ours[0] - 1e-3  # the weights moved: the comparison below is not of an idle model
     assert ours == pytest.approx(theirs, abs=1e-4)

@@ -200,19 +200,14 @@ def test_training_takes_cross_encoder_trainers_steps(tmp_path, cross_encoder, re
     epoch and every other passage as a negative (so neither sampler's draw matters), `finetune rerank` and
     sentence-transformers' CrossEncoderTrainer log the same loss at every step (schedule, warmup, AdamW's decay
     groups, clipping) and end with the same scores."""
+    import datasets
     import safetensors.torch
     from sentence_transformers.cross_encoder import CrossEncoderTrainer, CrossEncoderTrainingArguments
     from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.training_args import BatchSamplers
 
-    datasets = pytest.importorskip("datasets")
-    start = tmp_path / "start"
-    start.mkdir()
-    for f in cross_encoder.iterdir():
-        (start / f.name).write_bytes(f.read_bytes())
-    config = json.loads((start / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (start / "config.json").write_text(json.dumps(config))
+    from st_trainer_utils import reference_losses, without_dropout
+
+    start = without_dropout(cross_encoder, tmp_path / "start")
     steps, lr = 4, 5e-3
     out = tmp_path / "ours"
     assert _train(start, rerank_data, out, "--batch-size", "8", "--num-negatives", "14", "--lr", str(lr),
@@ -222,20 +217,9 @@ def test_training_takes_cross_encoder_trainers_steps(tmp_path, cross_encoder, re
     rows = [json.loads(line) for line in (rerank_data / "train.jsonl").read_text().splitlines()]
     data = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in ("query", "positive", "negative")})
     model = CrossEncoder(str(start), num_labels=1, max_length=40, device="cpu")
-    args = CrossEncoderTrainingArguments(
-        output_dir=str(tmp_path / "st"), per_device_train_batch_size=8, learning_rate=lr, num_train_epochs=steps,
-        warmup_ratio=0.1, weight_decay=0.3, adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear",
-        seed=0, batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", eval_strategy="no",
-        logging_strategy="steps", logging_steps=1, report_to=[], use_cpu=True, dataloader_num_workers=0,
-        disable_tqdm=True)
-    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=data,
-                                  loss=MultipleNegativesRankingLoss(model, num_negatives=14))
-    grad = torch.is_grad_enabled()
-    try:
-        trainer.train()
-    finally:
-        torch.set_grad_enabled(grad)
-    theirs = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    theirs = reference_losses(CrossEncoderTrainer, CrossEncoderTrainingArguments, model,
+                              MultipleNegativesRankingLoss(model, num_negatives=14), data, tmp_path / "st", 8, lr,
+                              steps, 0.3)
     assert len(ours) == len(theirs) == steps
     assert ours[-1] < ours[0] - 1e-3  # the weights moved: the comparison below is not of an idle model
     assert ours == pytest.approx(theirs, abs=1e-4)
