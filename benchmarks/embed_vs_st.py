@@ -14,7 +14,12 @@ all 2,067 passages; bertforge's vectors equal SentenceTransformer.encode's, test
 The rule, set before measuring: the two trainers reach "the same" nDCG@10 when their means over the seeds differ
 by at most the larger of their two standard deviations.
 
-    python -m benchmarks.embed_vs_st [--seeds 1,2,3] [--pairs 2048]
+`--mined` is the same control for the retrieval ladder's third step: both trainers train on the rows the ladder
+mines (`retrieval_ladder.mine_step`: each pair with 3 hard negatives from the zero-shot model), the same loss
+(the negatives join the batch's in-batch ones). `--trainers` runs one side alone (to finish a stopped run's seeds;
+merge them by hand).
+
+    python -m benchmarks.embed_vs_st [--seeds 1,2,3] [--pairs 2048] [--mined] [--trainers sentence-transformers]
     python -m benchmarks.embed_vs_st --speed-only --seeds 1,2 --pairs 512   # speed alone, on a quiet machine
 """
 
@@ -68,7 +73,8 @@ def st_train(model_dir: str, train: str, out: str, seed: int) -> None:
     from sentence_transformers.training_args import BatchSamplers
 
     rows = [json.loads(line) for line in Path(train).read_text(encoding="utf-8").splitlines()]
-    data = datasets.Dataset.from_dict({"query": [r["query"] for r in rows], "positive": [r["positive"] for r in rows]})
+    # Columns in the file's order (query, positive[, negative_1..n]): the loss reads them by position.
+    data = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in rows[0]})
     model = SentenceTransformer(model_dir, device="cpu")
     args = SentenceTransformerTrainingArguments(
         output_dir=out, per_device_train_batch_size=32, learning_rate=2e-5, num_train_epochs=1, warmup_ratio=0.1,
@@ -97,6 +103,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2048)
     parser.add_argument("--speed-only", action="store_true",
                         help="time the training alone (no evaluation), on a quiet machine, rounds alternated")
+    parser.add_argument("--mined", action="store_true", help="train on the ladder's mined rows (see the docstring)")
+    parser.add_argument("--trainers", default="bertforge,sentence-transformers",
+                        help="the trainers to run (one alone, to finish a stopped run's seeds)")
     parser.add_argument("--st-run", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.st_run:
@@ -114,10 +123,16 @@ def main() -> None:
         squad_set = tmp / "squad-retrieval"
         squad_retrieval(need(DATA / "squad" / "dev-v1.1.json"), squad_set)
         train = pairs_file(squad_set, tmp / "train.jsonl", args.pairs)
+        if args.mined:
+            from .retrieval_ladder import mine_step
+
+            print(f"mined: {mine_step(model, squad_set, train, tmp / 'mined.jsonl')}", flush=True)
+            train = tmp / "mined.jsonl"
         zero_shot = ndcg(model, squad_set)
         print(f"zero-shot nDCG@10 {zero_shot['ndcg@10']:.4f}", flush=True)
-        runs = {"bertforge": {"seconds": [], "ndcg@10": [], "recall@10": []},
-                "sentence-transformers": {"seconds": [], "ndcg@10": [], "recall@10": []}}
+        trainers = [t for t in ("bertforge", "sentence-transformers") if t in args.trainers.split(",")]
+        runs = {name: {"seconds": [], "ndcg@10": [], "recall@10": []} for name in trainers}
+        name_ = "embed_vs_st" + ("_mined" if args.mined else "")
         for seed in seeds:
             for name in runs:
                 out = tmp / f"{name}-{seed}"
@@ -130,6 +145,9 @@ def main() -> None:
                 runs[name]["recall@10"].append(scored["recall@10"])
                 print(f"seed {seed} {name}: {args.pairs / seconds:.2f} examples/s, nDCG@10 {scored['ndcg@10']:.4f} "
                       f"(wall {time.time() - started:.0f} s)", flush=True)
+                save(name_ + "_partial", {"machine": machine(), "pairs": args.pairs, "seeds": seeds, "runs": runs})
+    if len(runs) < 2:
+        return
     summary = {name: {"examples_per_s": mean_std([args.pairs / s for s in r["seconds"]]),
                       "ndcg@10": mean_std(r["ndcg@10"]), "recall@10": mean_std(r["recall@10"])}
                for name, r in runs.items()}
@@ -140,7 +158,7 @@ def main() -> None:
               "speed_ratio_per_seed": speed, "speed_ratio_median": statistics.median(speed),
               "same_ndcg_within_one_std": same}
     print(json.dumps(result, indent=2))
-    save("embed_vs_st", result)
+    save(name_, result)
 
 
 def speed_only(args: argparse.Namespace) -> None:

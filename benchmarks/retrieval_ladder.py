@@ -69,6 +69,19 @@ def train_only_set(squad_set: Path, out: Path, queries: set[str]) -> Path:
     return out
 
 
+def mine_step(model: Path, squad_set: Path, train: Path, out: Path) -> dict:
+    """Step 3's mining (see the docstring) of the training pairs' queries into `out`; returns mine's summary with
+    its wall seconds. The same inputs give the same file (seeded draws), so other benchmarks train on these rows."""
+    queries = {json.loads(line)["query"] for line in train.read_text(encoding="utf-8").splitlines()}
+    started = time.time()
+    stats = bertforge("mine", "--model", str(model), "--data",
+                      str(train_only_set(squad_set, out.parent / "train-set", queries)), "--split", "train",
+                      "--out", str(out), "--num-negatives", "3", "--range-max", "30", "--relative-margin", "0.05",
+                      "--sampling", "random", "--seed", "0")
+    stats["seconds"] = time.time() - started
+    return stats
+
+
 def encoder_only(model: Path, out: Path) -> Path:
     """The checkpoint's Hugging Face files without its sentence-transformers modules: a cross-encoder's start."""
     out.mkdir()
@@ -114,13 +127,7 @@ def main() -> None:
         dev = qrels_sample(squad_set, "dev", "dev-sample", 100)
         sample = qrels_sample(squad_set, "test", "test-sample", args.rerank_queries)
         train = pairs_file(squad_set, tmp / "train.jsonl", args.pairs)
-        queries = {json.loads(line)["query"] for line in train.read_text(encoding="utf-8").splitlines()}
-        started = time.time()
-        mined_stats = bertforge("mine", "--model", str(model), "--data", str(train_only_set(squad_set, tmp / "train-set",
-                                                                                             queries)),
-                                "--split", "train", "--out", str(tmp / "mined.jsonl"), "--num-negatives", "3",
-                                "--range-max", "30", "--relative-margin", "0.05", "--sampling", "random", "--seed", "0")
-        mined_stats["seconds"] = time.time() - started
+        mined_stats = mine_step(model, squad_set, train, tmp / "mined.jsonl")
         print(f"mined: {mined_stats}", flush=True)
         record("zero-shot", bertforge("evaluate", "retrieval", "--model", str(model), "--data", str(squad_set),
                                       "--split", "test"))
