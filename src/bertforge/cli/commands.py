@@ -544,8 +544,9 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
             encoded as a document (punctuation dropped) unless --is-query
         is_query: embed --multi-vector: encode the texts as queries (prefix, [MASK] expansion to query_length);
             embed --sparse: as SparseEncoder.encode_query (an inference-free model's query weights)
-        backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
-            torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
+        backend: auto (the faster of fused and torch for batches, measured once per machine and model
+            shape; serve adds ONNX Runtime for one-text requests where it is faster there; said on stderr),
+            fused (oneDNN kernels, eager PyTorch's numbers), torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
             CPUs with AMX or AVX512-BF16; close to, not equal to, the fp32 numbers), compiled
             (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
             against PyTorch at start-up), or jax (Flax NNX)
@@ -600,8 +601,9 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         served_model_name: the name /v1/embeddings and /info use (default: the directory's name)
         shutdown_grace_s: on SIGTERM or Ctrl-C, new requests get 503 and those in flight get this many seconds
             to finish before the server exits (0, the default exit status); a second signal stops at once
-        backend: fused (oneDNN kernels, eager PyTorch's numbers; the fastest fp32 path measured),
-            torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
+        backend: auto (the faster of fused and torch for batches, and ONNX Runtime for one-text requests
+            where it is faster there, measured once per machine and model shape and said at start-up),
+            fused (oneDNN kernels, eager PyTorch's numbers), torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
             CPUs with AMX or AVX512-BF16; close to, not equal to, the fp32 numbers), compiled
             (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked
             against PyTorch at start-up), or jax (Flax NNX)

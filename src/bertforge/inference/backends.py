@@ -1,6 +1,9 @@
 """Inference backends: the same model run by PyTorch, oneDNN's fused kernels, the compiled
 encoder, ONNX Runtime or JAX.
 
+- `auto` (the default): the fastest of these this machine has at the shapes served, measured once
+  per machine and model shape (`routed.py`): `fused` or `torch` for batches, and in a server ONNX
+  Runtime for one-row requests where it is faster there;
 - `torch`: eager PyTorch, the encoder exactly as `models/bert.py` reads;
 - `fused`: the same modules with oneDNN doing more per call (`fused.py`: one QKV matmul,
   pre-packed weights, GELU and residual adds fused into the matmuls, unpadding kept, attention
@@ -111,16 +114,21 @@ class OnnxModel(ForeignModel):
 
     engine = "the ONNX backends"
 
-    def __init__(self, model: torch.nn.Module, int8: bool, workdir: Path | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, int8: bool, workdir: Path | None = None, cached: bool = False) -> None:
+        """cached: the fp32 graph from $BERTFORGE_CACHE_DIR/onnx (exported there once per set of weights,
+        `export.cached_export`) instead of a private folder removed at exit."""
         import onnxruntime as ort
 
-        from .export import _names, export_model
+        from .export import _names, cached_export, export_model
 
         super().__init__(model)
         self._int8 = int8
-        self._workdir = workdir or _workdir()
-        path = self._workdir / f"{model.hf_architecture}.onnx"
-        report = export_model(model, path, int8=int8)
+        if cached and not int8:
+            self._workdir = workdir
+            report = cached_export(model)
+        else:
+            self._workdir = workdir or _workdir()
+            report = export_model(model, self._workdir / f"{model.hf_architecture}.onnx", int8=int8)
         kind = "int8" if int8 else "fp32"
         log.info("%s exported to ONNX; ONNX Runtime (%s) differs from PyTorch by at most %.2e on a check batch",
                  model.hf_architecture, kind, report[f"max_abs_diff_{kind}"])
@@ -132,7 +140,7 @@ class OnnxModel(ForeignModel):
         self._names = _names(model)
 
     def _backbone_of(self) -> "OnnxModel":
-        return OnnxModel(self._model.backbone, self._int8, self._workdir)
+        return OnnxModel(self._model.backbone, self._int8, self._workdir, cached=self._workdir is None)
 
     def _run(self, arrays: dict[str, Any]) -> dict[str, Any]:
         return dict(zip(self._names, self._session.run(None, arrays)))
@@ -246,10 +254,15 @@ class Bf16Model:
         return self
 
 
-def load(model: torch.nn.Module, backend: str) -> Any:
-    """`model` ready to run on `backend` (see the module docstring)."""
+def load(model: torch.nn.Module, backend: str, small_batches: bool = False) -> Any:
+    """`model` ready to run on `backend` (see the module docstring). small_batches: the caller runs one-text
+    batches too (a server), which `auto` then measures and routes (`routed.py`)."""
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        from .routed import load_auto
+
+        return load_auto(model, small_batches)
     if backend == "torch":
         return model.eval()
     if backend == "fused":

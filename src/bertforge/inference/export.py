@@ -249,3 +249,54 @@ def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, ops
 
 
 INT8_GROWTH, INT8_SLACK = 3.0, 0.02  # the long rows' int8 error may be 3x the short rows' plus 0.02, no more
+
+
+def weights_key(model: torch.nn.Module) -> str:
+    """A hash of everything an export depends on: the architecture, config, every tensor of the state dict (names,
+    dtypes, shapes, bytes) and the torch, onnx and bertforge versions."""
+    import hashlib
+    import json
+
+    import onnx
+
+    from .. import __version__
+
+    h = hashlib.sha256()
+    h.update(f"{model.hf_architecture}|{json.dumps(model.config.to_dict(), sort_keys=True, default=str)}|"
+             f"torch {torch.__version__}|onnx {onnx.__version__}|bertforge {__version__}".encode())
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:32]
+
+
+def cached_export(model: torch.nn.Module) -> dict:
+    """`export_model`'s report for `model`, exported once per set of weights into $BERTFORGE_CACHE_DIR/onnx/ (named by
+    `weights_key`) and read from there afterwards. A cached graph is checked against PyTorch as a new export is
+    (within 1e-4 at `check_lengths`); one that fails is exported again."""
+    require("export", "onnx", "onnxruntime", "onnxscript", what="ONNX export")
+    import onnxruntime as ort
+
+    from .. import machine_cache
+
+    folder = machine_cache.root() / "onnx"
+    path = folder / f"{model.hf_architecture}-{weights_key(model)}.onnx"
+    if path.is_file():
+        try:
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            worst = max(difference_from_torch(model.eval(), lambda feeds: session.run(None, feeds), length=n)
+                        for n in check_lengths(model.config))
+        except Exception:  # noqa: BLE001  a damaged file (cut short, overwritten): export again
+            worst = float("inf")
+        if worst <= 1e-4:
+            return {"onnx": str(path), "max_abs_diff_fp32": worst, "cached": True}
+        path.unlink(missing_ok=True)  # damaged or not this model's: export again
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{path.stem}.{os.getpid()}.onnx"  # a killed export never leaves a file under the real name
+    try:
+        report = export_model(model, partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return {**report, "onnx": str(path), "cached": False}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +70,8 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
     if backend not in backends.BACKENDS:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(backends.BACKENDS)}")
     model = backends.load(load_for(task, model_dir), backend)
+    if getattr(model, "route", None) is not None:  # --backend auto: say which path it chose, and why
+        print(f"bertforge: backend {model.route.describe()}", file=sys.stderr, flush=True)
     tokenizer = load_tokenizer(model_dir)
 
     if task == "qa":

@@ -325,6 +325,7 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
                                    swagger_favicon_url="/docs-static/favicon-32x32.png")
 
     app.state.batchers = batchers  # for introspection (tests, debugging)
+    app.state.route = service.route
     routes.add_model_routes(app, service, submit)
     return app
 
@@ -388,6 +389,9 @@ def serve(model_dir: str, host: str = "127.0.0.1", port: int = 8000, limits: Lim
     shown = f"[{host}]" if ":" in host else host
     announce = (f"bertforge: serving {model_dir} on http://{shown}:{port} (endpoints at /health and /info, API docs "
                 "at /docs, metrics at /metrics); Ctrl-C or SIGTERM drains and stops")
+    route = getattr(app.state, "route", None)
+    if route is not None:  # --backend auto: which engines it chose, and the timings why
+        announce += f"\nbertforge: backend {route.describe()}"
     # uvicorn's access log gives one line per request: client, method, path, status. Its own graceful
     # shutdown follows the drain, when every request has been answered: only idle connections are left to close.
     config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=2)

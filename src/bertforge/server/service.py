@@ -95,16 +95,20 @@ class Service:
         self.architecture = architecture_of(weights_dir)
         from ..inference.backends import load
 
+        from ..interop.colbert_dir import is_colbert_dir
+
         head = head_of(weights_dir)
-        self.model = load(head.cls.from_pretrained(weights_dir), limits.backend)
+        backend = limits.backend
+        if backend == "auto" and (is_sparse_dir(model_dir) or is_colbert_dir(model_dir)):
+            backend = "fused"  # their encoders run as eager copies of their own (`_sparse`, `_colbert`)
+        self.model = load(head.cls.from_pretrained(weights_dir), backend, small_batches=True)
+        self.route = getattr(self.model, "route", None)  # what --backend auto chose, and why
         self.config = self.model.config
         if limits.max_chars is None:  # set in place: the request schemas are built from these limits next
             limits.max_chars = default_max_chars(self.config.max_sequence_length)
         self.tokenizer = load_tokenizer(weights_dir)
         self.counter = load_tokenizer(weights_dir)
         self.counter_lock = threading.Lock()
-
-        from ..interop.colbert_dir import is_colbert_dir
 
         self.splade = self.colbert = None
         if is_sparse_dir(model_dir):  # a SPLADE model: sparse vectors (/embed_sparse), never dense ones
@@ -311,5 +315,5 @@ class Service:
                 "max_batch_requests": None, "max_client_batch_size": self.limits.max_texts,
                 "max_chars_per_input": self.limits.max_chars,
                 "auto_truncate": self.limits.auto_truncate, "tokenization_workers": 1, "version": __version__,
-                "sha": None, "docker_label": None, "backend": self.limits.backend,
+                "sha": None, "docker_label": None, "backend": self.route.describe() if self.route is not None else self.limits.backend,
                 "endpoints": sorted(_ROUTE_OF.get(n, f"/{n}") for n in self.tasks)}

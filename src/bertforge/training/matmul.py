@@ -30,13 +30,10 @@ through `torch.ops.mkldnn._linear_pointwise`. Its gradients equal torch's to fp3
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import math
-import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .. import machine_cache
 from ..models.padding import bucket_rows, pad_rows
 
 MATMULS = ("auto", "torch", "onednn")
@@ -96,39 +94,8 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def cache_file() -> Path:
-    """Where `auto`'s choices are kept: $BERTFORGE_CACHE_DIR, else $XDG_CACHE_HOME/bertforge, else ~/.cache/bertforge."""
-    root = os.environ.get("BERTFORGE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertforge"
-    return Path(root) / "matmuls.json"
-
-
-def machine_key() -> str:
-    """The CPU model, torch version and thread count: what a timing depends on besides the shape."""
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = " ".join(line.split(":", 1)[1].split())
-                break
-    return f"{cpu} | torch {torch.__version__} | {torch.get_num_threads()} threads"
-
-
-@contextlib.contextmanager
-def _locked_cache() -> Iterator[dict[str, str]]:
-    """The cache's entries, under an exclusive lock; what the block leaves in the dict is written back."""
-    path = cache_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        except (OSError, ValueError):
-            entries = {}  # a damaged cache is only lost timings: measure again
-        before = dict(entries)
-        yield entries
-        if entries != before:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(entries, indent=1, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, path)
+    """Where `auto`'s choices are kept (`machine_cache.root()`)."""
+    return machine_cache.root() / "matmuls.json"
 
 
 def probe(k: int, o: int, n: int, bias: bool, repeats: int = PROBE_REPEATS) -> dict[str, float]:
@@ -203,8 +170,8 @@ class MatmulChoice:
             return "torch"
 
     def _cached_or_measured(self, k: int, o: int, n: int, bias: bool) -> str:
-        key = f"{machine_key()} | {k}x{o} | n~{2 ** round(math.log2(max(n, 1)))}"
-        with _locked_cache() as entries:
+        key = f"{machine_cache.machine_key()} | {k}x{o} | n~{2 ** round(math.log2(max(n, 1)))}"
+        with machine_cache.locked_json("matmuls.json") as entries:
             if entries.get(key) in ("torch", "onednn"):
                 self.reasons.append(f"{k}x{o}: {entries[key]} (measured earlier on this machine)")
                 return entries[key]
