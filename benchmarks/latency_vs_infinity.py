@@ -6,7 +6,7 @@ own virtual environment, named by `--infinity` (its `infinity_emb` executable):
     python -m venv ../infinity-venv && ../infinity-venv/bin/pip install torch==2.13.0 \\
         && ../infinity-venv/bin/pip install "infinity-emb[server,torch,optimum]==0.0.78"
     python -m benchmarks.latency_vs_infinity --infinity ../infinity-venv/bin/infinity_emb [--rounds 3] \
-        [--bertforge-backends fused,onnx]
+        [--bertforge-backends auto,fused]
 
 Every server serves the same model (all-MiniLM-L6-v2, copied to a scratch folder so that no engine writes beside
 the installed one) on 127.0.0.1 with the same threads (OMP_NUM_THREADS / MKL_NUM_THREADS = --threads), and is asked
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=200, help="sequential single-sentence requests per round")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of the 16-client load per round")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--bertforge-backends", default="fused",
+    parser.add_argument("--bertforge-backends", default="auto",
                         help="bertforge serve --backend values; the first is the one compared (its default)")
     args = parser.parse_args()
     texts = sentences()
