@@ -262,7 +262,7 @@ def load(model: torch.nn.Module, backend: str, small_batches: bool = False) -> A
     if backend == "auto":
         from .routed import load_auto
 
-        return load_auto(model, small_batches)
+        return load_auto(model, small_batches, lambda m: OnnxModel(m, int8=False, cached=True))
     if backend == "torch":
         return model.eval()
     if backend == "fused":

@@ -23,7 +23,7 @@ a hash of the weights, so later starts skip it (still checked against PyTorch ea
 and the same text inside a batch run on different kernels: they agree to float rounding (within the 1e-4 the
 export is checked to; ~1e-6 measured), not bit for bit.
 
-    model = load_auto(model, small_batches=True)
+    model = load_auto(model, small_batches=True, single_engine=make_onnx_session)
     model.route.describe()  # 'auto: onnx for one row up to 64 tokens (...), fused for the rest (...)'
 """
 
@@ -155,14 +155,12 @@ def _encoder_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
 
 
-def _single_row_engine(model: torch.nn.Module) -> tuple[Any, str]:
-    """(ONNX Runtime on the cached, checked export, '') or (None, why not)."""
+def _single_row_engine(model: torch.nn.Module, make: Callable[[torch.nn.Module], Any]) -> tuple[Any, str]:
+    """(`make(model)`: ONNX Runtime on the cached, checked export, '') or (None, why not)."""
     if _encoder_params(model) < MIN_PARAMS:
         return None, f"under {MIN_PARAMS / 1e6:g}M encoder parameters, not measured"
     try:
-        from .backends import OnnxModel
-
-        return OnnxModel(model, int8=False, cached=True), ""
+        return make(model), ""
     except ImportError as exc:
         return None, f"{exc.name or 'onnxruntime'} is not installed: pip install \"bertforge[export]\""
     except Exception as exc:  # noqa: BLE001  a family or head the exporter does not take: the batch path alone
@@ -188,9 +186,9 @@ def _measure(model: torch.nn.Module, single: Any, note: str) -> dict:
     return {"batch": batch_name, "limit": limit, "timings": table, "note": note}
 
 
-def load_auto(model: torch.nn.Module, small_batches: bool) -> RoutedModel:
+def load_auto(model: torch.nn.Module, small_batches: bool, single_engine: Callable[[torch.nn.Module], Any]) -> RoutedModel:
     """`model` on the path `auto` chooses (see the module docstring), its `.route` saying which and why.
-    `small_batches`: also measure (and use) the one-row engine, as `serve` does."""
+    `small_batches`: also measure (and use) the one-row engine, `single_engine(model)`, as `serve` does."""
     from . import fused as fused_path
 
     model = model.eval()
@@ -202,7 +200,7 @@ def load_auto(model: torch.nn.Module, small_batches: bool) -> RoutedModel:
         choice = None
     single, note = None, "" if small_batches else "batches only"
     if small_batches and (choice is None or choice["limit"] > 0):
-        single, note = _single_row_engine(model)
+        single, note = _single_row_engine(model, single_engine)
     source = "cached choice"
     if choice is None:
         source, choice = "measured now", _measure(model, single, note)
