@@ -237,7 +237,18 @@ def test_serve_gives_token_vectors_and_maxsim_reranking(tmp_path, minilm_dir):
         assert [row["index"] for row in body] == sorted(range(3), key=lambda i: -expected[i])
         for row in body:
             assert row["score"] == pytest.approx(expected[row["index"]], abs=1e-4)
-        status, body = call(port, "/v1/embeddings", {"input": "hi", "model": "ours"})
-        assert status in (400, 404) and "/embed_multi_vector" in json.dumps(body)
+        # PyLate's server route: /v1/embeddings with is_query (a query unless false), token vectors per input.
+        name = path.resolve().name
+        for flags, expected in (({}, q), ({"is_query": True}, q), ({"is_query": False}, d),
+                                ({"input_type": "document", "is_query": False}, d)):
+            texts = QUERIES if expected is q else DOCUMENTS
+            status, body = call(port, "/v1/embeddings", {"input": texts, "model": name, **flags})
+            assert status == 200, body
+            assert [row["index"] for row in body["data"]] == list(range(len(texts)))
+            _same([np.array(row["embedding"], dtype=np.float32) for row in body["data"]], expected)
+        for flags, field in (({"dimensions": 8}, "dimensions"), ({"encoding_format": "base64"}, "encoding_format"),
+                             ({"input_type": "query", "is_query": False}, "is_query"), ({"input": [[101, 102]]}, "input")):
+            status, body = call(port, "/v1/embeddings", {"input": "hi", "model": name, **flags})
+            assert status == 400 and body["error"]["param"] == field, (flags, body)  # OpenAI's status and shape
         status, info = call(port, "/info", method="GET")
         assert "/embed_multi_vector" in info["endpoints"] and "/embed" not in info["endpoints"]

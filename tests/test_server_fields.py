@@ -112,6 +112,8 @@ def test_jina_voyage_and_cohere_fields(prompted):
     # What cannot be honoured is refused by name; two names of one setting must agree.
     status, body, _ = post(port, "/v1/embeddings", {"model": name, "input": "hi", "late_chunking": True})
     assert status == 400 and "late_chunking" in body["error"]["message"]  # OpenAI's status for a bad request
+    status, body, _ = post(port, "/v1/embeddings", {"model": name, "input": "hi", "is_query": True})
+    assert status == 400 and body["error"]["param"] == "is_query" and "ColBERT" in body["error"]["message"]
     status, body, _ = post(port, "/v1/embeddings", {"model": name, "input": "hi", "output_dtype": "int8"})
     assert status == 400 and body["error"]["param"] == "output_dtype", body
     status, body, _ = post(port, "/v1/embeddings", {"model": name, "input": "hi", "task": "text-matching"})

@@ -327,6 +327,10 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
         output_dimension: Dimensions = Field(None, description="Voyage's name for dimensions")
         output_dtype: Literal["float", "binary", "ubinary"] | None = Field(
             None, description="Voyage's output type; int8 and uint8 are refused (their calibration is not published)")
+        # PyLate's server field.
+        is_query: bool | None = Field(None, description="PyLate's server, on a ColBERT model: encode as queries "
+                                                        "(true, its default) or documents; each embedding is then "
+                                                        "the text's token vectors. Refused on other models")
 
     # ------------------------------------------------------------------ Cohere and Jina
     class Document(Body):

@@ -35,6 +35,11 @@ def add(api: Api) -> None:
 
     async def embeddings(body: Body):
         api.check_model(body.model)
+        if service.colbert is not None:
+            return await late_interaction(body)
+        if body.is_query is not None:
+            raise Refused(422, f"is_query is PyLate's field for a ColBERT model; this model ({service.architecture}) "
+                               "gives one vector per text (a query prompt: task or input_type)", param="is_query")
         if body.late_chunking:
             raise Refused(422, "late_chunking: true is not supported: it pools each chunk over the whole document's "
                                "tokens, which bertforge does not implement", param="late_chunking")
@@ -66,6 +71,35 @@ def add(api: Api) -> None:
 
         return {"object": "list", "model": service.name,
                 "data": [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(found)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def late_interaction(body) -> dict:
+        """PyLate's server on a ColBERT model: each input's token vectors as its `embedding` (a list of vectors),
+        encoded as a query unless `is_query` is false (PyLate's default is a query). Fields that would reshape one
+        vector per text (dimensions, packed or base64 output, normalized: false, Jina's or Voyage's side names
+        that disagree with is_query) are refused by name."""
+        for name in ("dimensions", "output_dimension", "embedding_type", "output_dtype", "late_chunking"):
+            if getattr(body, name) not in (None, "float", False):
+                raise Refused(422, f"{name} does not apply to a ColBERT model's token vectors", param=name)
+        if body.encoding_format == "base64" or body.normalized is False:
+            name = "encoding_format" if body.encoding_format == "base64" else "normalized"
+            raise Refused(422, f"{name} does not apply to a ColBERT model's token vectors (float, normalised, as "
+                               "PyLate gives them)", param=name)
+        if not (isinstance(body.input, str) or isinstance(body.input[0], str)):
+            raise Refused(422, "a ColBERT model takes texts here, not token ids (it adds its own prefixes and "
+                               "[MASK] expansion)", param="input")
+        side = one_of(body, "task", "input_type")
+        is_query = True if body.is_query is None else body.is_query
+        if side is not None and (side in ("query", "retrieval.query")) != is_query:
+            raise Refused(422, f"{'task' if body.task is not None else 'input_type'} {side!r} and is_query "
+                               f"{body.is_query} disagree: give one", param="is_query")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        most = service.embed_max_tokens
+        counts = api.counted(texts, "input", most, True)  # cut to query_length or document_length, as PyLate cuts
+        found = await api.submit("multi_vector", [(t, (is_query,)) for t in texts], sum(min(n, most) for n in counts))
+        tokens = sum(min(n, most) for n in counts)
+        return {"object": "list", "model": service.name,
+                "data": [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(found)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     api.post("/v1/embeddings", "openai", "OpenAI-compatible embeddings")(embeddings)
