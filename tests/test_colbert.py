@@ -156,11 +156,48 @@ def test_deberta_expansion_it_would_not_attend_to_is_refused(tmp_path, minilm_di
         load_colbert(path)
 
 
-def test_a_multi_vector_encoder_in_its_own_layout_is_refused(tmp_path, minilm_dir):
-    base = _backbone_dir(tmp_path, "bert", minilm_dir)
-    MultiVectorEncoder(str(base), device="cpu").save(str(tmp_path / "mve"))
-    with pytest.raises(ConfigError, match="MultiVectorMask"):
-        read_colbert_dir(tmp_path / "mve")
+def _native(root: Path, minilm_dir: Path, **edits) -> Path:
+    """A MultiVectorEncoder saved in sentence-transformers 6's own layout from a perturbed BERT; `edits` are
+    {file: {key: value}} changes to its JSON files (sentence_bert_config.json, 2_MultiVectorMask/config.json, ...)."""
+    base = _backbone_dir(root, "bert", minilm_dir)
+    torch.manual_seed(2)
+    MultiVectorEncoder(str(base), device="cpu").save(str(root / "mve"))
+    for name, changes in edits.items():
+        _edit(root / "mve", name, **changes)
+    return root / "mve"
+
+
+@pytest.mark.parametrize("edits", [
+    {},  # the defaults: no expansion, no skiplist, no prompts, the tokenizer's lengths
+    {"sentence_bert_config.json": {"query_expansion": {"strategy": "fixed", "length": 12, "attend": False},
+                                   "document_length": 20},
+     "2_MultiVectorMask/config.json": {"skiplist_words": list(",.!?;'()") + ["notaword"]}},
+    {"sentence_bert_config.json": {"query_expansion": {"strategy": "fixed", "length": 10, "attend": True},
+                                   "query_length": 10, "document_length": 16}},
+], ids=["defaults", "expansion-skiplist", "attended-expansion"])
+def test_a_multi_vector_encoder_in_its_own_layout_encodes_the_same(tmp_path, minilm_dir, edits):
+    """sentence-transformers 6's own MultiVectorEncoder layout (Transformer, Dense, MultiVectorMask, Normalize) read
+    key by key: bertforge's query and document vectors equal MultiVectorEncoder's."""
+    path = _native(tmp_path, minilm_dir, **edits)
+    theirs = MultiVectorEncoder(str(path), device="cpu")
+    model, spec, tokenizer = load_colbert(path)
+    model.eval()
+    for is_query, texts in ((True, QUERIES), (False, DOCUMENTS)):
+        expected = theirs.encode_query(texts) if is_query else theirs.encode_document(texts)
+        _same(multi_vector_embed(model, tokenizer, spec, texts, is_query, batch_size=2), expected)
+
+
+@pytest.mark.parametrize("file, change, words", [
+    ("sentence_bert_config.json", {"query_expansion": {"strategy": "min", "length": 12}}, "strategy 'min'"),
+    ("2_MultiVectorMask/config.json", {"keep_only_token_ids": [5]}, "keep_only_token_ids"),
+    ("2_MultiVectorMask/config.json", {"skiplist_tasks": ["query", "document"]}, "skiplist_tasks"),
+    ("config_sentence_transformers.json", {"prompts": {"query": "query: ", "document": ""}}, "not one token"),
+    ("sentence_bert_config.json", {"processing_kwargs": {"text": {"padding": "max_length"}}}, "processing_kwargs"),
+])
+def test_what_the_native_layout_says_beyond_pylate_is_refused(tmp_path, minilm_dir, file, change, words):
+    path = _native(tmp_path, minilm_dir, **{file: change})
+    with pytest.raises(ConfigError, match=words):
+        load_colbert(path)
 
 
 def test_colbert_retrieval_is_exact_maxsim(tmp_path, minilm_dir):

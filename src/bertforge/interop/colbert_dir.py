@@ -11,8 +11,9 @@ holding the late-interaction settings:
 - attend_to_expansion_tokens: whether the encoder attends to those [MASK] tokens;
 - skiplist_words: tokens (punctuation by default) whose document vectors are dropped.
 
-sentence-transformers 6's `MultiVectorEncoder` reads this layout too. Every key is honoured or
-refused in one line naming the file and key.
+sentence-transformers 6's `MultiVectorEncoder` reads this layout too, and bertforge reads that library's own
+layout (Transformer, Dense, MultiVectorMask, Normalize; `_read_native`), mapped onto the same settings; it writes
+PyLate's. Every key is honoured or refused in one line naming the file and key.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class ColbertSpec(DirectorySettings):
     attend_to_expansion_tokens: bool = False
     skiplist_words: list[str] = field(default_factory=lambda: list(string.punctuation))
     similarity: str = "MaxSim"
+    native: bool = False  # read from sentence-transformers 6's own MultiVectorEncoder layout (`_read_native`)
+    expansion_token: str | None = None  # that layout's query_expansion token (None: the mask token)
 
     def settings(self) -> dict[str, Any]:
         """The late-interaction keys as config_sentence_transformers.json holds them."""
@@ -102,9 +105,7 @@ def read_colbert_dir(model_dir: str | Path) -> tuple[ColbertSpec, list[Path]]:
     modules = read_modules(model_dir)
     kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
     if "MultiVectorMask" in kinds:
-        raise ConfigError(f"{modules_file}: a MultiVectorEncoder directory in sentence-transformers 6's own layout "
-                          "(MultiVectorMask) is not read by bertforge yet; it reads PyLate's layout (Transformer, "
-                          "Dense)")
+        return _read_native(model_dir, modules, kinds)
     if not kinds or kinds[0] != "Transformer" or modules[0].get("path", "") != "" or len(kinds) < 2 \
             or any(m["type"] not in _DENSE_TYPES for m in modules[1:]):
         raise ConfigError(f"{modules_file}: modules {', '.join(kinds)}; bertforge reads ColBERT directories of a "
@@ -115,6 +116,112 @@ def read_colbert_dir(model_dir: str | Path) -> tuple[ColbertSpec, list[Path]]:
     st = read_model_config(model_dir, spec, COLBERT_SIMILARITIES)
     _checked(st, st_file, spec)
     return spec, [model_dir / m["path"] for m in modules[1:]]
+
+
+_NATIVE_TRANSFORMER_KEYS = {"transformer_task", "modality_config", "module_output_name", "processing_kwargs",
+                            "unpad_inputs", "query_length", "document_length", "query_expansion", "max_seq_length",
+                            "do_lower_case"}
+
+
+def _read_native(model_dir: Path, modules: list[dict], kinds: list[str]) -> tuple[ColbertSpec, list[Path]]:
+    """sentence-transformers 6's own MultiVectorEncoder layout: Transformer (query_length, document_length and
+    query_expansion in sentence_bert_config.json), Dense projections, MultiVectorMask (the skiplist), Normalize;
+    prompts in config_sentence_transformers.json. Mapped onto PyLate's settings, which say the same things:
+    a prompt that is one token of the tokenizer is the prefix; query_expansion {strategy fixed, length, attend} is
+    do_query_expansion to query_length; lengths left unset are the tokenizer's (filled by `load_colbert`).
+    What has no PyLate equivalent is refused in one line."""
+    modules_file = model_dir / "modules.json"
+    if kinds[0] != "Transformer" or modules[0].get("path", "") != "" or kinds[-2:] != ["MultiVectorMask", "Normalize"] \
+            or len(kinds) < 4 or any(m["type"] not in _DENSE_TYPES for m in modules[1:-2]):
+        raise ConfigError(f"{modules_file}: modules {', '.join(kinds)}; bertforge reads a MultiVectorEncoder of a "
+                          "top-level Transformer, Dense projections, MultiVectorMask and Normalize")
+    spec = ColbertSpec(query_prefix="", document_prefix="", skiplist_words=[], do_query_expansion=False, native=True)
+    read_transformer_settings(model_dir, spec)
+    settings_file = model_dir / "sentence_bert_config.json"
+    settings = read_json(settings_file) if settings_file.is_file() else {}
+    unknown = sorted(set(settings) - _NATIVE_TRANSFORMER_KEYS)
+    if unknown:
+        raise ConfigError(f"{settings_file}: key '{unknown[0]}' is not one bertforge reads")
+    if settings.get("processing_kwargs"):
+        raise ConfigError(f"{settings_file}: key 'processing_kwargs' is not supported (a chat template or processor "
+                          "arguments); bertforge tokenises text as the tokenizer does")
+    spec.query_length = spec.document_length = 0  # 0: the tokenizer's length, filled by load_colbert
+    for key in ("query_length", "document_length"):
+        value = settings.get(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+                raise ConfigError(f"{settings_file}: key '{key}' is {value!r}; expected an integer of at least 2")
+            setattr(spec, key, value)
+    expansion = settings.get("query_expansion")
+    if expansion is not None:
+        if not isinstance(expansion, dict) or set(expansion) - {"strategy", "attend", "token", "length"}:
+            raise ConfigError(f"{settings_file}: key 'query_expansion' is {expansion!r}; bertforge reads strategy, "
+                              "attend, token and length")
+        if expansion.get("strategy") != "fixed":
+            raise ConfigError(f"{settings_file}: query_expansion strategy {expansion.get('strategy')!r}; bertforge "
+                              "implements 'fixed' (every query padded to length), as PyLate's do_query_expansion")
+        length = expansion.get("length")
+        if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+            raise ConfigError(f"{settings_file}: query_expansion length {length!r}; expected an integer of at least 2")
+        if not isinstance(expansion.get("attend", False), bool):
+            raise ConfigError(f"{settings_file}: query_expansion attend {expansion['attend']!r}; expected a bool")
+        spec.expansion_token = expansion.get("token")  # None: the mask token; checked against the tokenizer
+        spec.do_query_expansion, spec.query_length = True, length
+        spec.attend_to_expansion_tokens = bool(expansion.get("attend", False))
+    mask_file = model_dir / modules[-2]["path"] / "config.json"
+    mask = read_json(mask_file) if mask_file.is_file() else {}
+    unknown = sorted(set(mask) - {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"})
+    if unknown:
+        raise ConfigError(f"{mask_file}: key '{unknown[0]}' is not one bertforge reads")
+    words = mask.get("skiplist_words") or []
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise ConfigError(f"{mask_file}: key 'skiplist_words' must be a list of strings")
+    spec.skiplist_words = list(words)
+    tasks = mask.get("skiplist_tasks", ["document"])
+    if (tasks if isinstance(tasks, list) else [tasks]) != ["document"]:
+        raise ConfigError(f"{mask_file}: key 'skiplist_tasks' is {tasks!r}; bertforge drops skiplist tokens from "
+                          "documents only (['document']), as ColBERT does")
+    if mask.get("keep_only_token_ids") is not None:
+        raise ConfigError(f"{mask_file}: key 'keep_only_token_ids' is set; bertforge's documents keep every token "
+                          "outside the skiplist")
+    st_file = model_dir / "config_sentence_transformers.json"
+    st = read_model_config(model_dir, spec, COLBERT_SIMILARITIES + ("maxsim",))
+    unknown = sorted(set(st) - {"__version__", "prompts", "default_prompt_name", "similarity_fn_name", "model_type"})
+    if unknown:
+        raise ConfigError(f"{st_file}: key '{unknown[0]}' is not one bertforge reads")
+    if st.get("default_prompt_name"):
+        raise ConfigError(f"{st_file}: key 'default_prompt_name' is {st['default_prompt_name']!r}; a ColBERT model's "
+                          "prompts are its query and document sides")
+    extra = sorted(set(spec.prompts) - {"query", "document"})
+    if extra:
+        raise ConfigError(f"{st_file}: prompt '{extra[0]}'; bertforge reads a ColBERT model's query and document "
+                          "prompts")
+    spec.query_prefix, spec.document_prefix = spec.prompts.get("query", ""), spec.prompts.get("document", "")
+    spec.prompts, spec.similarity = {}, "MaxSim"
+    return spec, [model_dir / m["path"] for m in modules[1:-2]]
+
+
+def _native_lengths(spec: ColbertSpec, tokenizer, backbone: nn.Module, model_dir: Path) -> None:
+    """A native directory's unset lengths (the tokenizer's, as the Transformer module reads them), its prompts as
+    prefix tokens (a prompt that is not one token of the tokenizer is refused), its expansion token, and its
+    skiplist's words that are not tokens dropped (sentence-transformers drops them; PyLate's own loader would map
+    them to [UNK], which the settings written back then never hold)."""
+    longest = min(spec.max_length or getattr(tokenizer, "model_max_length", None) or 10 ** 9,
+                  backbone.config.max_sequence_length)
+    spec.query_length = spec.query_length or longest
+    spec.document_length = spec.document_length or longest
+    st_file = model_dir / "config_sentence_transformers.json"
+    for key in ("query_prefix", "document_prefix"):
+        prompt = getattr(spec, key)
+        if prompt and tokenizer.token_to_id(prompt) is None:
+            raise ConfigError(f"{st_file}: prompt {prompt!r} is not one token of the tokenizer; bertforge marks a "
+                              "ColBERT model's sides with one prefix token (PyLate's '[Q] ' / '[D] ')")
+    token = spec.expansion_token
+    if token is not None and token != getattr(tokenizer, "mask_token", None):
+        raise ConfigError(f"{model_dir / 'sentence_bert_config.json'}: query_expansion token {token!r}; bertforge "
+                          "expands queries with the tokenizer's mask token")
+    unk = getattr(tokenizer, "unk_token", None)
+    spec.skiplist_words = [w for w in spec.skiplist_words if tokenizer.token_to_id(w) is not None or w == unk]
 
 
 def _dense_layer(folder: Path, in_features: int) -> nn.Linear:
@@ -169,6 +276,8 @@ def load_colbert(model_dir: str | Path, dim: int = 128) -> tuple[ColbertEncoder,
         for folder in folders:
             layers.append(_dense_layer(folder, width))
             width = layers[-1].out_features
+        if spec.native:
+            _native_lengths(spec, tokenizer, backbone, Path(model_dir))
         _check_prefixes(spec, tokenizer, Path(model_dir))
         check_expansion(backbone, spec, Path(model_dir) / "config_sentence_transformers.json")
         return ColbertEncoder(backbone, nn.Sequential(*layers)), spec, tokenizer
