@@ -545,7 +545,7 @@ def predict(task: Literal[PREDICT_TASKS], texts: list[str] | None = None, *, mod
         is_query: embed --multi-vector: encode the texts as queries (prefix, [MASK] expansion to query_length);
             embed --sparse: as SparseEncoder.encode_query (an inference-free model's query weights)
         backend: auto (the faster of fused and torch for batches, measured once per machine and model
-            shape; serve adds ONNX Runtime for one-text requests where it is faster there; said on stderr),
+            shape; serve adds ONNX Runtime for one-text requests where it is faster there; -v says which),
             fused (oneDNN kernels, eager PyTorch's numbers), torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
             CPUs with AMX or AVX512-BF16; close to, not equal to, the fp32 numbers), compiled
             (TorchInductor, a one-off ~20 s), onnx or onnx-int8 (ONNX Runtime, exported and checked

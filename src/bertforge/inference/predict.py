@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from collections.abc import Iterator
 from typing import Any
 
@@ -70,8 +68,7 @@ def run_predict(task: str, model_dir: str, inputs: list[Any], top_k: int = 5, ta
     if backend not in backends.BACKENDS:
         raise InputError(f"unknown backend {backend!r}; use one of {', '.join(backends.BACKENDS)}")
     model = backends.load(load_for(task, model_dir), backend)
-    if getattr(model, "route", None) is not None:  # --backend auto: say which path it chose, and why
-        print(f"bertforge: backend {model.route.describe()}", file=sys.stderr, flush=True)
+    # --backend auto logs which path it chose, and why (`routed.load_auto`; shown with -v)
     tokenizer = load_tokenizer(model_dir)
 
     if task == "qa":
