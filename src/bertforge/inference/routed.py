@@ -1,8 +1,8 @@
 """`--backend auto`, the default: the fastest path this machine has at the shapes it serves, chosen by measurement.
 
 No one engine wins everywhere. On the project's hosts, ONNX Runtime's small-matrix kernels run a one-text forward
-of all-MiniLM-L6-v2 in ~3 ms where oneDNN's fused path takes ~7 (the 24 linear layers alone: 1.9 ms against
-~6 at 12 rows; docs/results.md), while at batches of 4 and more the fused path, which unpads and runs attention in
+of all-MiniLM-L6-v2 in ~3 ms where oneDNN's fused path takes ~7 (the 24 linear layers alone, at 12 rows: 1.9 ms
+against 2.7-6.8; docs/results.md), while at batches of 4 and more the fused path, which unpads and runs attention in
 its own kernel, is 1.6-3x faster than ONNX Runtime; and on one AVX2 host eager PyTorch beat the fused path at
 batches of 32. So `auto` measures, once per machine and model shape:
 
@@ -23,8 +23,10 @@ a hash of the weights, so later starts skip it (still checked against PyTorch ea
 and the same text inside a batch run on different kernels: they agree to float rounding (within the 1e-4 the
 export is checked to; ~1e-6 measured), not bit for bit.
 
-    model = load_auto(model, small_batches=True, single_engine=make_onnx_session)
-    model.route.describe()  # 'auto: onnx for one row up to 64 tokens (...), fused for the rest (...)'
+    model = load_auto(model, small_batches=True, single_engine=lambda m: OnnxModel(m, int8=False, cached=True))
+    model.route.describe()
+    # 'auto: fused for batches (16x64 tokens: fused 148 ms, torch 158 ms); onnx for one row of up to 128 tokens
+    #  (1x128: onnx 35.1 ms, fused 56.1 ms) [measured now]'
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 import torch
 
 from .. import machine_cache
+from ..errors import MissingDependency
 
 log = logging.getLogger("bertforge")
 
@@ -121,11 +124,11 @@ def timings(runners: dict[str, Callable], inputs: dict[str, torch.Tensor], repea
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
-def choose_batch_path(fused: Any, model: torch.nn.Module) -> tuple[str, dict]:
-    """('fused' or 'torch', timings): eager wins only by more than the margin."""
-    eager = copy.deepcopy(model).eval()  # fusing works in place, so eager PyTorch runs on a copy
+def choose_batch_path(fused: Any, eager: torch.nn.Module) -> tuple[str, dict]:
+    """('fused' or 'torch', timings): eager wins only by more than the margin. `fused` and `eager` are two copies
+    of one model (fusing works in place)."""
     shape = f"{BULK[0]}x{BULK[1]}"
-    measured = timings({"fused": fused, "torch": eager}, _inputs(model.config, *BULK))
+    measured = timings({"fused": fused, "torch": eager}, _inputs(eager.config, *BULK))
     return ("torch" if measured["torch"] < MARGIN * measured["fused"] else "fused"), {shape: measured}
 
 
@@ -161,6 +164,8 @@ def _single_row_engine(model: torch.nn.Module, make: Callable[[torch.nn.Module],
         return None, f"under {MIN_PARAMS / 1e6:g}M encoder parameters, not measured"
     try:
         return make(model), ""
+    except MissingDependency as exc:
+        return None, str(exc)
     except ImportError as exc:
         return None, f"{exc.name or 'onnxruntime'} is not installed: pip install \"bertforge[export]\""
     except Exception as exc:  # noqa: BLE001  a family or head the exporter does not take: the batch path alone
