@@ -40,6 +40,12 @@ def pretrain_args(run_inputs, out: Path, *extra: str) -> list[str]:
 def test_a_step_too_large_for_the_address_space_is_refused_before_it_starts(tmp_path, run_inputs):
     """`--model large --batch-size 512` under an 8 GB address-space limit: one line naming the need, the limit and
     a batch size that fits, exit 2, before any step (it used to train 333 s and die in a traceback)."""
+    available = next((int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemAvailable")),
+                     None)
+    if available is not None and available < 10 * GB:
+        # The refusal names whichever bound is tighter: with less memory free than the limit, the machine's
+        # (the message then names what the machine leaves instead).
+        pytest.skip(f"{available / GB:.1f} GB available: the 8 GB address-space limit would not be the binding one")
     out = tmp_path / "run"
     run = cli(*pretrain_args(run_inputs, out, "--model", "large", "--batch-size", "512", "--seq-len", "128",
                              "--max-steps", "5", "--precision", "fp32"), limit_as=8 * GB)
