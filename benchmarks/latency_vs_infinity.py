@@ -7,6 +7,7 @@ own virtual environment, named by `--infinity` (its `infinity_emb` executable):
         && ../infinity-venv/bin/pip install "infinity-emb[server,torch,optimum]==0.0.78"
     python -m benchmarks.latency_vs_infinity --infinity ../infinity-venv/bin/infinity_emb [--rounds 3] \
         [--bertforge-backends auto,fused]
+    python -m benchmarks.latency_vs_infinity --baseline-src ../old/src --out latency_guard_ab   # an A/B of code
 
 Every server serves the same model (all-MiniLM-L6-v2, copied to a scratch folder so that no engine writes beside
 the installed one) on 127.0.0.1 with the same threads (OMP_NUM_THREADS / MKL_NUM_THREADS = --threads), and is asked
@@ -51,14 +52,18 @@ def sentences() -> list[str]:
 
 
 def servers(model: Path, infinity: str | None, threads: int, engines: list[str],
-            backends: list[str]) -> dict[str, tuple[list[str], str]]:
+            backends: list[str], baseline_src: str | None = None) -> dict[str, tuple[list[str], str]]:
     """name -> (command, embeddings route) for every server compared; the port is filled in when each starts.
-    bertforge's default backend is named "bertforge", any other "bertforge-<backend>"."""
+    bertforge's default backend is named "bertforge", any other "bertforge-<backend>"; `baseline_src` adds
+    "bertforge-baseline", the first backend served by the bertforge source tree there (another commit)."""
     out = {}
+    serve = [sys.executable, "-m", "bertforge", "serve", "--model", str(model), "--served-model-name", MODEL_NAME,
+             "--port", "{port}", "--backend"]
     for backend in backends:
-        out["bertforge" if backend == backends[0] else f"bertforge-{backend}"] = (
-            [sys.executable, "-m", "bertforge", "serve", "--model", str(model), "--served-model-name", MODEL_NAME,
-             "--port", "{port}", "--backend", backend], "/v1/embeddings")
+        out["bertforge" if backend == backends[0] else f"bertforge-{backend}"] = (serve + [backend], "/v1/embeddings")
+    if baseline_src:
+        out["bertforge-baseline"] = (["env", f"PYTHONPATH={Path(baseline_src).resolve()}"] + serve + [backends[0]],
+                                     "/v1/embeddings")
     if infinity:
         for engine in engines:
             out[f"infinity-{engine}"] = ([infinity, "v2", "--model-id", str(model), "--served-model-name",
@@ -143,6 +148,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bertforge-backends", default="auto",
                         help="bertforge serve --backend values; the first is the one compared (its default)")
+    parser.add_argument("--baseline-src", help="a bertforge source tree (another commit's src/) served beside this "
+                                               "one with the first backend: an A/B of code changes")
+    parser.add_argument("--out", default="latency_vs_infinity", help="results file name (benchmarks/results/)")
     args = parser.parse_args()
     texts = sentences()
     os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
@@ -153,7 +161,7 @@ def main() -> None:
         if args.infinity and "optimum" in args.engines:
             export_onnx(model)
         commands = servers(model, args.infinity, args.threads, args.engines.split(","),
-                           args.bertforge_backends.split(","))
+                           args.bertforge_backends.split(","), args.baseline_src)
         results: dict[str, dict[str, list[float]]] = {name: {} for name in commands}
         started = {}
         # All servers run at once (idle ones cost memory, not CPU), so the rounds can interleave them.
@@ -175,22 +183,27 @@ def main() -> None:
                         results[name].setdefault(key, []).append(value)
                     print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
     medians = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in results.items()}
-    ratios = {}
-    peers = [n for n in medians if not n.startswith("bertforge")]
-    if peers:
-        for key in medians["bertforge"]:
+
+    def against(peers: list[str]) -> dict[str, float]:
+        """bertforge's median over the best of `peers`' (latency: theirs over ours), so > 1 means bertforge leads."""
+        ratios = {}
+        for key in medians["bertforge"] if peers else ():
             ours = medians["bertforge"][key]
             if key in LOWER_IS_BETTER:
-                best = min(medians[p][key] for p in peers)
-                ratios[key] = best / ours
+                ratios[key] = min(medians[p][key] for p in peers) / ours
             else:
-                best = max(medians[p][key] for p in peers)
-                ratios[key] = ours / best
+                ratios[key] = ours / max(medians[p][key] for p in peers)
+        return ratios
+
+    ratios = against([n for n in medians if not n.startswith("bertforge")])
     result = {"machine": machine(), "model": "all-MiniLM-L6-v2", "threads": args.threads, "rounds": args.rounds,
               "single_requests": args.single, "client_seconds": args.seconds, "per_round": results,
               "medians": medians, "bertforge_vs_best_peer": ratios}
-    print(json.dumps({"medians": medians, "bertforge_vs_best_peer": ratios}, indent=2))
-    save("latency_vs_infinity", result)
+    if args.baseline_src:
+        result.update(baseline_src=args.baseline_src, bertforge_vs_baseline=against(["bertforge-baseline"]))
+    print(json.dumps({k: v for k, v in result.items() if k in ("medians", "bertforge_vs_best_peer",
+                                                                "bertforge_vs_baseline")}, indent=2))
+    save(args.out, result)
 
 
 if __name__ == "__main__":

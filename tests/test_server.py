@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -55,3 +57,27 @@ def test_limits_and_bad_requests(server):
     status, body = call(server, "/embed", {"wrong": 1})
     assert status == 422 and body["error"] == "inputs is required"  # no "texts": read as TEI's shape
     assert call(server, "/health")[0] == 200  # still serving
+
+
+def chunked_post(port: int, path: str, chunks: list[bytes]) -> tuple[int, dict]:
+    """POST `chunks` with Transfer-Encoding: chunked, so the server is told no length in advance."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", path, body=iter(chunks), headers={"Content-Type": "application/json"},
+                     encode_chunked=True)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_a_chunked_body_is_read_whole_or_refused_at_the_limit(server):
+    # A body in chunks is given to the route whole (the guard reads it first, then replays it) ...
+    body = json.dumps({"texts": ["a dog runs", "a puppy runs"]}).encode()
+    status, answer = chunked_post(server, "/embed", [body[:7], body[7:20], body[20:]])
+    assert status == 200 and answer["results"] == call(server, "/embed", {"texts": ["a dog runs", "a puppy runs"]})[1][
+        "results"]
+    # ... and one that declared no length is refused once it passes --max-body-bytes (5000), not trusted
+    status, answer = chunked_post(server, "/embed", [b'{"texts": ["' + b"y" * 1000] + [b"y" * 1000] * 5 + [b'"]}'])
+    assert status == 413 and answer["error"] == "request body exceeds the limit of 5000 bytes (--max-body-bytes)"
+    assert call(server, "/health")[0] == 200

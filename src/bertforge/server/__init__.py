@@ -6,8 +6,9 @@
 - `apis/`: the model routes, one module per API (bertforge's, TEI's, the Inference API's at /, OpenAI's,
   Cohere's and Jina's);
 - `errors.py`: error answers in the shape of the API each route imitates, one line naming the field and limit;
-- `app.py`: middleware (API key, body limit, content type, metrics), /health, /info, /metrics
-  (Prometheus) and /docs (Swagger UI served from the package, so it works offline);
+- `guard.py`: the ASGI middleware in front of the application: drain, API key, body limit, content type, metrics;
+- `app.py`: the application, its error answers, /health, /info, /metrics (Prometheus) and /docs (Swagger UI
+  served from the package, so it works offline);
 - `metrics.py`: the Prometheus registry.
 
 The server binds to 127.0.0.1 unless told otherwise.

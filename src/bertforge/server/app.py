@@ -1,4 +1,4 @@
-"""The FastAPI application: middleware (API key, body limit, metrics), error answers, and the
+"""The FastAPI application: the guard in front of it (`guard.py`), error answers, and the
 operational endpoints (/health, /info, /metrics, offline /docs). The model endpoints are in
 `apis/`. (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)
 """
@@ -7,32 +7,21 @@ operational endpoints (/health, /info, /metrics, offline /docs). The model endpo
 import errno
 import json
 import logging
-import secrets
 import signal
 import socket
 import sys
 import time
-from contextvars import ContextVar
 from pathlib import Path
 
 from ..errors import InputError
 from ..inference.loop import Abandoned, abandon_all
 from .batching import Admission, Overloaded, TokenBatcher
 from .errors import Refused, describe, error_body, json_problem
-from .metrics import ServerMetrics, matched_route, route_label
-from .schemas import IGNORED
-
-# The body of the request being answered, as the middleware read it: a body FastAPI cannot parse is diagnosed
-# from it (what is wrong, at which byte), where FastAPI says only that parsing failed.
-BODY: ContextVar[bytes] = ContextVar("request_body", default=b"")
+from .guard import BODY, Guard
+from .metrics import ServerMetrics
 from .service import Limits, Service
 
 log = logging.getLogger("bertforge")
-
-
-# Liveness, metrics and the API's own description stay open without the API key, as in TEI; GET only,
-# so POST / (the model's task) still needs it.
-OPEN_PATHS = ("/health", "/", "/ping", "/metrics", "/docs", "/openapi.json")
 
 
 def error_response(path: str, status: int, message: str, headers: dict | None = None, **details: str | None):
@@ -46,12 +35,6 @@ def error_response(path: str, status: int, message: str, headers: dict | None = 
 # What each task needs, in the words of transformers' head classes.
 HEADS = {"classify": "sequence-classification", "rerank": "cross-encoder (sequence classification with one logit "
          "or two classes)", "fill-mask": "masked-LM", "ner": "token-classification", "qa": "question-answering"}
-
-
-def json_content_type(value: str | None) -> bool:
-    """application/json, or a +json type (charset and other parameters allowed)."""
-    media = (value or "").split(";")[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
 
 
 def swagger_static() -> Path:
@@ -195,63 +178,8 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
     static = swagger_static()
     app.mount("/docs-static", StaticFiles(directory=static), name="docs-static")
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        started = time.perf_counter()
-        path = request.url.path
-        if drain.draining:
-            # Health answers 503 too, so a load balancer or readiness probe takes this replica out.
-            drain.last_seen = time.monotonic()
-            response = error_response(path, 503, *shutting_down)
-            metrics.track(route_label(request.scope), 503, time.perf_counter() - started)
-            return response
-        drain.in_flight += 1
-        ignored: list[str] = []  # fields validation accepted without effect (`options.x`): said back in a header
-        token = IGNORED.set(ignored)
-        try:
-            response = await answer(request, call_next, path, started)
-            if ignored and response.status_code < 400:
-                said = ignored_header(ignored)
-                response.headers["X-Bertforge-Ignored"] = said
-                log.info("%s: ignored %s (accepted for the client's sake; no effect here)", path, said)
-            return response
-        finally:
-            IGNORED.reset(token)
-            drain.in_flight -= 1
-            drain.last_seen = time.monotonic()
-            if drain.draining:
-                drain.finished_after += 1
-
-    async def answer(request: Request, call_next, path: str, started: float):
-        # The key guards the model and its traffic; liveness, metrics and the API's description stay open.
-        open_path = (request.method in ("GET", "HEAD") and path in OPEN_PATHS) or path.startswith("/docs-static/")
-        if limits.api_key and not open_path:
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {limits.api_key}".encode()):
-                response = error_response(path, 401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                                          {"WWW-Authenticate": "Bearer"}, code="invalid_api_key")
-                metrics.track(route_label(request.scope, app.router.routes), 401, time.perf_counter() - started)
-                return response
-        declared = request.headers.get("content-length")
-        route = matched_route(request.scope, app.router.routes) if request.method == "POST" else None
-        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-            response = error_response(path, 413, f"request body of {declared} bytes exceeds the limit of "
-                                                 f"{limits.max_body_bytes} bytes (--max-body-bytes)")
-        elif request.method == "POST" and len(body := await request.body()) > limits.max_body_bytes:
-            # also catches chunked bodies that declared no length
-            response = error_response(path, 413, f"request body exceeds the limit of {limits.max_body_bytes} bytes "
-                                                 "(--max-body-bytes)")
-        elif route is not None and not json_content_type(request.headers.get("content-type")):
-            got = request.headers.get("content-type")
-            response = error_response(path, 415, "send the body as JSON, with 'Content-Type: application/json' "
-                                                 f"(got {repr(got) if got else 'no Content-Type'})")
-        else:
-            if request.method == "POST":
-                BODY.set(body)
-            response = await call_next(request)
-        metrics.track(route_label(request.scope, app.router.routes), response.status_code,
-                      time.perf_counter() - started)
-        return response
+    app.add_middleware(Guard, limits=limits, drain=drain, metrics=metrics, error=error_response,
+                       shutting_down=shutting_down, routes=lambda: app.router.routes, ignored_header=ignored_header)
 
     limit_flags = {"items": "--max-texts", "chars": "--max-chars", "pattern": f"has no {service.tokenizer.mask_token}"}
 
