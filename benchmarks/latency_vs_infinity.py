@@ -8,9 +8,12 @@ own virtual environment, named by `--infinity` (its `infinity_emb` executable):
     python -m benchmarks.latency_vs_infinity --infinity ../infinity-venv/bin/infinity_emb [--rounds 3] \
         [--bertforge-backends auto,fused]
     python -m benchmarks.latency_vs_infinity --baseline-src ../old/src --out latency_guard_ab   # an A/B of code
+    python -m benchmarks.latency_vs_infinity --infinity ... --arch deberta-v2 --engines torch   # a base shape
+    python -m benchmarks.latency_vs_infinity --isa avx2 --bertforge-backends auto,fused,torch   # AVX2's kernels
 
 Every server serves the same model (all-MiniLM-L6-v2, copied to a scratch folder so that no engine writes beside
-the installed one) on 127.0.0.1 with the same threads (OMP_NUM_THREADS / MKL_NUM_THREADS = --threads), and is asked
+the installed one; or, with --arch, a random-weight model of DeBERTa-v3-base's or ModernBERT-base's shape with a
+tokenizer of its kind trained on WikiText-2, built as `benchmarks.arch_speed` builds it) on 127.0.0.1 with the same threads (OMP_NUM_THREADS / MKL_NUM_THREADS = --threads), and is asked
 through the same OpenAI-style route (bertforge's /v1/embeddings, infinity's /embeddings). Three measures, each run on
 every server in turn inside each round (the order rotating), so every comparison shares the machine's drift:
 
@@ -20,7 +23,12 @@ every server in turn inside each round (the order rotating), so every comparison
 
 Reported: each measure's per-round values and medians, and bertforge's ratio against the best peer (latency: the
 peer's over bertforge's, so > 1 means bertforge is faster). Load is bounded in count and time and goes to loopback
-only. Writes benchmarks/results/latency_vs_infinity.json.
+only. Writes benchmarks/results/latency_vs_infinity[_ARCH][_avx2].json (or --out).
+
+--isa avx2 runs every server with ATen, oneDNN and MKL capped at AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA,
+MKL_ENABLE_INSTRUCTIONS; bertforge's native kernels follow ATen's capability and are built for it first): the
+kernels an AVX2 machine runs, on this machine's cores and caches. ONNX Runtime has no such cap and keeps its
+AVX-512 kernels, so the one-row figures favour it; the batch path's choice (fused or eager) is the part this tests.
 """
 
 from __future__ import annotations
@@ -31,11 +39,13 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from .arch_speed import NAMES
 from .common import DATA, machine, minilm_dir, need, save
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -43,7 +53,8 @@ from server_utils import call, free_port, serving  # noqa: E402
 
 from bertforge.server.loadtest import run_load  # noqa: E402
 
-MODEL_NAME = "minilm"
+MODEL_NAME = "model"
+ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 
 
 def sentences() -> list[str]:
@@ -107,17 +118,19 @@ def export_onnx(model: Path) -> None:
     encoder = transformers.AutoModel.from_pretrained(model, attn_implementation="eager").eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model)
 
+    # the inputs the model's tokenizer gives (ModernBERT has no segment ids), in the order the Hub files name them
+    example = tokenizer(["an example", "a longer example sentence to export"], padding=True, return_tensors="pt")
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in example]
+
     class LastHidden(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.encoder = encoder
 
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                token_type_ids=token_type_ids).last_hidden_state
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **segments).last_hidden_state
 
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    example = tokenizer(["an example", "a longer example sentence to export"], padding=True, return_tensors="pt")
     (model / "onnx").mkdir()
     axes = {name: {0: "batch_size", 1: "sequence_length"} for name in names + ["last_hidden_state"]}
     torch.onnx.export(LastHidden().eval(), tuple(example[n] for n in names), str(model / "onnx" / "model.onnx"),
@@ -150,14 +163,26 @@ def main() -> None:
                         help="bertforge serve --backend values; the first is the one compared (its default)")
     parser.add_argument("--baseline-src", help="a bertforge source tree (another commit's src/) served beside this "
                                                "one with the first backend: an A/B of code changes")
-    parser.add_argument("--out", default="latency_vs_infinity", help="results file name (benchmarks/results/)")
+    parser.add_argument("--arch", choices=["minilm", "deberta-v2", "modernbert"], default="minilm",
+                        help="all-MiniLM-L6-v2, or a random model of DeBERTa-v3-base's or ModernBERT-base's shape")
+    parser.add_argument("--isa", choices=sorted(ISA_CAPS), help="cap every server's torch kernels at this ISA")
+    parser.add_argument("--out", help="results file name in benchmarks/results/ (default from --arch and --isa)")
     args = parser.parse_args()
     texts = sentences()
     os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                       INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    os.environ.update(ISA_CAPS.get(args.isa, {}))
+    if args.isa:  # built before the servers start, so that none spends its start-up compiling them
+        subprocess.run([sys.executable, "-m", "bertforge", "kernels", "build"], check=True)
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / "all-MiniLM-L6-v2"
-        shutil.copytree(minilm_dir(), model)
+        if args.arch == "minilm":
+            model = Path(tmp) / "all-MiniLM-L6-v2"
+            shutil.copytree(minilm_dir(), model)
+        else:
+            from .arch_speed import build
+            from .family_parity import texts as family_texts
+
+            model = build(args.arch, Path(tmp), family_texts()[0])
         if args.infinity and "optimum" in args.engines:
             export_onnx(model)
         commands = servers(model, args.infinity, args.threads, args.engines.split(","),
@@ -168,7 +193,9 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             for name, (command, route) in commands.items():
                 port = free_port()
-                proc = stack.enter_context(serving([c.replace("{port}", str(port)) for c in command], port))
+                # a base-shaped model's first start exports and times it (minutes on 2 busy cores)
+                proc = stack.enter_context(serving([c.replace("{port}", str(port)) for c in command], port,
+                                                   ready_s=900))
                 started[name] = (port, route, proc.pid)
                 for _ in range(5):  # warm-up: the first calls load kernels and build graphs
                     bulk(port, route, texts[:64], 64)
@@ -196,14 +223,17 @@ def main() -> None:
         return ratios
 
     ratios = against([n for n in medians if not n.startswith("bertforge")])
-    result = {"machine": machine(), "model": "all-MiniLM-L6-v2", "threads": args.threads, "rounds": args.rounds,
+    shape = {"minilm": "all-MiniLM-L6-v2"}.get(args.arch) or f"{NAMES[args.arch]}-shaped, random weights"
+    result = {"machine": machine(), "model": shape, "isa_caps": ISA_CAPS.get(args.isa, {}), "threads": args.threads,
+              "command": "python -m benchmarks.latency_vs_infinity " + " ".join(sys.argv[1:]), "rounds": args.rounds,
               "single_requests": args.single, "client_seconds": args.seconds, "per_round": results,
               "medians": medians, "bertforge_vs_best_peer": ratios}
     if args.baseline_src:
         result.update(baseline_src=args.baseline_src, bertforge_vs_baseline=against(["bertforge-baseline"]))
     print(json.dumps({k: v for k, v in result.items() if k in ("medians", "bertforge_vs_best_peer",
                                                                 "bertforge_vs_baseline")}, indent=2))
-    save(args.out, result)
+    save(args.out or "latency_vs_infinity" + (f"_{args.arch}" if args.arch != "minilm" else "")
+         + (f"_{args.isa}" if args.isa else ""), result)
 
 
 if __name__ == "__main__":

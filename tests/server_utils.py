@@ -34,15 +34,17 @@ def call(port: int, path: str, body: bytes | dict | None = None, method: str | N
 
 
 @contextlib.contextmanager
-def serving(command: list[str], port: int, ready_path: str = "/health") -> Iterator[subprocess.Popen]:
-    """Run a server command until `ready_path` answers 200 on 127.0.0.1:`port`; stop it afterwards."""
+def serving(command: list[str], port: int, ready_path: str = "/health",
+            ready_s: float = 120) -> Iterator[subprocess.Popen]:
+    """Run a server command until `ready_path` answers 200 on 127.0.0.1:`port` (within `ready_s`); stop it
+    afterwards."""
     # The server's output goes to a file, not a pipe: nobody reads a pipe while the server runs, and
     # once its buffer (64 KB) is full of access-log lines, the server would block writing the next.
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     proc.log = log  # the server's output so far: proc.log.seek(0); proc.log.read()
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + ready_s
         while True:
             try:
                 if call(port, ready_path)[0] == 200:
@@ -53,7 +55,9 @@ def serving(command: list[str], port: int, ready_path: str = "/health") -> Itera
                 log.seek(0)
                 raise RuntimeError(log.read().decode())
             if time.time() > deadline:
-                raise TimeoutError(f"the server did not answer {ready_path} within 120 s")
+                log.seek(0)
+                raise TimeoutError(f"the server did not answer {ready_path} within {ready_s:g} s; it said:\n"
+                                   + log.read().decode(errors="replace")[-3000:])
         yield proc
     finally:
         proc.terminate()

@@ -141,3 +141,28 @@ def test_machine_cache_root_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("BERTFORGE_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert machine_cache.root() == tmp_path / "xdg" / "bertforge"
+
+
+def test_a_capped_instruction_set_is_another_machine(cache, monkeypatch):
+    # A choice timed on AVX-512 kernels must not be reused where oneDNN or MKL is capped at AVX2 (their kernels,
+    # and so the winner, differ): the cap is part of the key, and auto measures again under it.
+    for name in machine_cache.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    plain = machine_cache.machine_key()
+    assert torch.backends.cpu.get_cpu_capability() in plain
+    calls = []
+
+    def timings(runners, inputs, repeats=7):
+        calls.append(1)
+        return {"fused": 1.0, "torch": 2.0}
+
+    monkeypatch.setattr(routed, "timings", timings)
+    backends.load(_model(), "auto")
+    backends.load(_model(), "auto")
+    assert len(calls) == 1  # the second load read the choice
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert machine_cache.machine_key() == plain + " | ONEDNN_MAX_CPU_ISA=AVX2"
+    backends.load(_model(), "auto")
+    assert len(calls) == 2
+    keys = list(json.loads((cache / "backends.json").read_text()))
+    assert len(keys) == 2 and any("ONEDNN_MAX_CPU_ISA=AVX2" in k for k in keys)

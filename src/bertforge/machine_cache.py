@@ -22,6 +22,9 @@ from pathlib import Path
 import torch
 
 
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def root() -> Path:
     """$BERTFORGE_CACHE_DIR, else $XDG_CACHE_HOME/bertforge, else ~/.cache/bertforge."""
     path = os.environ.get("BERTFORGE_CACHE_DIR")
@@ -29,14 +32,19 @@ def root() -> Path:
 
 
 def machine_key() -> str:
-    """The CPU model, torch version and thread count: what a timing depends on besides the shape."""
+    """The CPU model, the instruction set ATen dispatches to, the torch version and thread count, and any
+    variable that caps oneDNN's or MKL's instruction set: what a timing depends on besides the shape. (The caps
+    matter: a run under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` times an AVX2 machine's kernels, and
+    must not reuse an AVX-512 run's choices.)"""
     cpu = "unknown CPU"
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = " ".join(line.split(":", 1)[1].split())
                 break
-    return f"{cpu} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    caps = "".join(f" | {name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name))
+    return (f"{cpu} | {torch.backends.cpu.get_cpu_capability()} | torch {torch.__version__} | "
+            f"{torch.get_num_threads()} threads{caps}")
 
 
 @contextlib.contextmanager
