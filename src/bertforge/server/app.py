@@ -5,7 +5,6 @@ operational endpoints (/health, /info, /metrics, offline /docs). The model endpo
 
 
 import errno
-import json
 import logging
 import signal
 import socket
@@ -106,20 +105,6 @@ class Drain:
         return False
 
 
-def ignored_header(fields: list[str], most: int = 10) -> str:
-    """The X-Bertforge-Ignored header's value: the fields, as JSON escapes them to ASCII (a header is Latin-1 and a
-    client's key may be anything), at most `most` of them and 1,000 characters. A name a header cannot carry bare
-    (empty, with a comma, or ending in a space: HTTP strips or refuses those, and uvicorn dropped the connection on
-    `options.' '`) keeps its JSON quotes."""
-    def one(field: str) -> str:
-        bare = json.dumps(field)[1:-1]
-        return bare if bare and bare == bare.strip() and "," not in bare and '"' not in bare else json.dumps(field)
-
-    said = ", ".join(one(f) for f in fields[:most])
-    said = said if len(said) <= 1000 else said[:997] + "..."
-    return said + (f", and {len(fields) - most} more" if len(fields) > most else "")
-
-
 def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None = None):
     """The FastAPI application for one checkpoint directory. `drain` (from `serve`) turns new requests
     away with 503 once a stop has begun."""
@@ -179,7 +164,7 @@ def create_app(model_dir: str, limits: Limits | None = None, drain: Drain | None
     app.mount("/docs-static", StaticFiles(directory=static), name="docs-static")
 
     app.add_middleware(Guard, limits=limits, drain=drain, metrics=metrics, error=error_response,
-                       shutting_down=shutting_down, routes=lambda: app.router.routes, ignored_header=ignored_header)
+                       shutting_down=shutting_down, routes=lambda: app.router.routes)
 
     limit_flags = {"items": "--max-texts", "chars": "--max-chars", "pattern": f"has no {service.tokenizer.mask_token}"}
 

@@ -10,6 +10,7 @@ its bytes pass the limit instead of after all of them have been read.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -42,18 +43,31 @@ def json_content_type(value: str | None) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
+def ignored_header(fields: list[str], most: int = 10) -> str:
+    """The X-Bertforge-Ignored header's value: the fields, as JSON escapes them to ASCII (a header is Latin-1 and a
+    client's key may be anything), at most `most` of them and 1,000 characters. A name a header cannot carry bare
+    (empty, with a comma, or ending in a space: HTTP strips or refuses those, and uvicorn dropped the connection on
+    `options.' '`) keeps its JSON quotes."""
+    def one(field: str) -> str:
+        bare = json.dumps(field)[1:-1]
+        return bare if bare and bare == bare.strip() and "," not in bare and '"' not in bare else json.dumps(field)
+
+    said = ", ".join(one(f) for f in fields[:most])
+    said = said if len(said) <= 1000 else said[:997] + "..."
+    return said + (f", and {len(fields) - most} more" if len(fields) > most else "")
+
+
 class Guard:
     """ASGI middleware around the FastAPI application (`app.add_middleware(Guard, ...)`).
 
     `error(path, status, message, headers=None, **details)` builds the refusal in the shape of the API the path
     imitates; `drain` is the server's `Drain`; `routes()` gives the application's routes (to label a request
-    refused before routing under the route it was sent to); `ignored_header(fields)` renders the header."""
+    refused before routing under the route it was sent to)."""
 
     def __init__(self, app, *, limits, drain, metrics: ServerMetrics, error: Callable[..., Any],
-                 shutting_down: tuple[str, dict], routes: Callable[[], list],
-                 ignored_header: Callable[[list[str]], str]) -> None:
+                 shutting_down: tuple[str, dict], routes: Callable[[], list]) -> None:
         self.app, self.limits, self.drain, self.metrics = app, limits, drain, metrics
-        self.error, self.shutting_down, self.routes, self.ignored_header = error, shutting_down, routes, ignored_header
+        self.error, self.shutting_down, self.routes = error, shutting_down, routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan: nothing to guard
@@ -116,14 +130,13 @@ class Guard:
             BODY.set(body)
             receive = replay(body, receive)
         status = 500  # what the client gets if the application raises before answering
-        header = self.ignored_header
 
         async def sending(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 if ignored and status < 400:
-                    said = header(ignored)
+                    said = ignored_header(ignored)
                     message.setdefault("headers", []).append((b"x-bertforge-ignored", said.encode("latin-1")))
                     log.info("%s: ignored %s (accepted for the client's sake; no effect here)", path, said)
             await send(message)
