@@ -6,7 +6,8 @@ and all-MiniLM-L6-v2:
 - tokenise: the tokenizer's call on one text (the server tokenises twice: once to count and check the length, once
   to build the batch);
 - forward at 1 row, on every CPU backend bertforge has (fused, torch, fused-bf16, onnx, openvino where installed),
-  and on ONNX Runtime's own session for the reference;
+  and on `auto` as `serve` loads it ("auto-serve": one row to ONNX Runtime where it measured faster, batches to
+  the batch path), the in-process latency a served query gets;
 - pool + normalise, and JSON: the response body with the standard library and with orjson;
 - the whole request through the HTTP server (`/v1/embeddings`, keep-alive client, loopback), whose remainder over the
   stages above is the server's own overhead (HTTP parsing, validation, the batcher's hand-off to its thread).
@@ -50,7 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--rows", default="1,2,4,8,16,32,64")
-    parser.add_argument("--backends", default="fused,torch,fused-bf16,onnx,openvino")
+    parser.add_argument("--backends", default="auto-serve,fused,torch,fused-bf16,onnx,openvino")
     args = parser.parse_args()
     from bertforge.inference import backends, pipelines
     from bertforge.interop.hf import load_pretrained, family_of
@@ -67,7 +68,10 @@ def main() -> None:
     models = {}
     for name in args.backends.split(","):
         try:
-            models[name] = backends.load(load_pretrained(family_of(model_dir).backbone, model_dir).eval(), name)
+            encoder = load_pretrained(family_of(model_dir).backbone, model_dir).eval()
+            # auto-serve: `--backend auto` as `serve` loads it (one-row calls routed to ONNX Runtime where faster)
+            models[name] = (backends.load(encoder, "auto", small_batches=True) if name == "auto-serve"
+                            else backends.load(encoder, name))
         except Exception as exc:  # a backend this machine lacks (openvino not installed, no bf16): said, skipped
             print(f"{name}: skipped ({str(exc).splitlines()[0][:120]})", flush=True)
     rows = [int(r) for r in args.rows.split(",")]
