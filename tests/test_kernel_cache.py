@@ -166,3 +166,32 @@ def test_a_killed_build_is_taken_over_at_once_and_two_installs_build_once(tmp_pa
     assert [p.name for p in cache.iterdir()] == [folder.name] and (folder / build.MARKER).is_file()
     assert json.loads((folder / build.MARKER).read_text())["by"].startswith(f"pid {builder.proc.pid} ")
     assert (folder / build.LOCK).read_text() == ""  # released cleanly: the next builder has nothing to warn about
+
+
+def test_a_waiter_names_the_live_holder_never_an_empty_file_or_the_killed_build(tmp_path):
+    """The holder's name is written a moment after it takes the lock (CI once saw "another process" there): an
+    empty file, or one naming an ended process of this host, is read again until the new holder's name appears."""
+    path = tmp_path / build.LOCK
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path.write_text(f"pid {int(dead.stdout)} on {build.socket.gethostname()}, since then")
+    me = f"pid {os.getpid()} on {build.socket.gethostname()}, since now"
+
+    def take_over() -> None:
+        time.sleep(0.3)
+        fd = os.open(path, os.O_RDWR)
+        os.pwrite(fd, me.encode(), 0)
+        os.ftruncate(fd, len(me))
+        os.close(fd)
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        writer = threading.Thread(target=take_over)
+        writer.start()
+        assert build._named_holder(fd, patience_s=5) == me
+        writer.join()
+        path.write_text("")
+        assert build._named_holder(fd, patience_s=0.2) == "another process"
+        path.write_text("pid 1 on some-other-host, since then")  # another host's pid cannot be checked: trusted
+        assert build._named_holder(fd, patience_s=0) == "pid 1 on some-other-host, since then"
+    finally:
+        os.close(fd)

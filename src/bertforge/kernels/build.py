@@ -32,6 +32,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -215,6 +216,34 @@ def _signals_end_the_wait() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _named_holder(fd: int, patience_s: float = 1.0) -> str:
+    """Who the lock file `fd` names. A holder that has just taken the lock writes its name a moment later, so an
+    empty file, or one naming a process of this host that has ended (the killed build it took over), is read again
+    for up to `patience_s` before the holder is called "another process"."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+        if holder and _may_be_alive(holder):
+            return holder
+        if time.monotonic() >= deadline:
+            return "another process"
+        time.sleep(0.05)
+
+
+def _may_be_alive(holder: str) -> bool:
+    """False only when `holder` names a process on this host that no longer exists."""
+    found = re.match(r"pid (\d+) on (\S+),", holder)
+    if not found or found.group(2) != socket.gethostname():
+        return True
+    try:
+        os.kill(int(found.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, under another user
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def build_lock(folder: Path) -> Iterator[None]:
     """Hold `folder`'s build lock for the block: wait (saying for whom) while another process builds; take it
@@ -226,7 +255,7 @@ def build_lock(folder: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            holder = _named_holder(fd)
             say(f"waiting for the native kernels' build that {holder} is running in {folder}")
             started = time.monotonic()
             with _signals_end_the_wait():  # says "still waiting" itself every PROGRESS_EVERY_S
@@ -239,6 +268,7 @@ def build_lock(folder: Path) -> Iterator[None]:
                         time.sleep(0.2)
                     if time.monotonic() - last >= PROGRESS_EVERY_S:
                         last = time.monotonic()
+                        holder = _named_holder(fd, patience_s=0)
                         say(f"still waiting for the kernels' build by {holder} ({last - started:.0f} s)")
         previous = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
         if previous:  # the file names a holder, but no process holds the lock: that build was killed
@@ -246,9 +276,10 @@ def build_lock(folder: Path) -> Iterator[None]:
                 "without finishing it")
         # torch's own lock from such a build would make torch wait on it for ever: only this process builds now.
         (folder / "lock").unlink(missing_ok=True)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
-                  .encode(), 0)
+        # Written over the old name, then cut to length: a waiter reading meanwhile never sees an empty file.
+        me = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode()
+        os.pwrite(fd, me, 0)
+        os.ftruncate(fd, len(me))
         yield
     finally:
         with contextlib.suppress(OSError):
