@@ -21,7 +21,7 @@ from bertforge.inference.multi_vector import multi_vector_embed  # noqa: E402
 from bertforge.interop.colbert_dir import load_colbert  # noqa: E402
 from bertforge.tasks.colbert import contrastive, distillation  # noqa: E402
 from conftest import perturbed  # noqa: E402
-from test_finetune_embed import _sentences  # noqa: E402
+from test_finetune_embed import _sentences, first_step_gradients  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,72 @@ def test_colbert_settings_are_checked(tmp_path, base_dir, data, capsys):
                            (("--seq-len", "64"), r"lengths are --query-length and --document-length"),
                            (("--query-length", "1"), r"must be at least 2"),
                            (("--query-length", "100"), r"the model has 64 positions"),
-                           (("--loss", "Distillation"), r"--loss Distillation trains on scored tuples")):
+                           (("--loss", "Distillation"), r"--loss Distillation trains on scored tuples"),
+                           (("--mini-batch-size", "9"), r"mini_batch_size \(--mini-batch-size\) 9 must lie between 1 "
+                                                        r"and --batch-size \(8\)")):
         assert main(_flags(base_dir, data, tmp_path / "out", *flags)) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and re.search(message, err[0]), err
+
+
+@pytest.mark.parametrize("train, extra", [("train.jsonl", {}), ("train.jsonl", {"no_query_expansion": True}),
+                                          ("scored", {})], ids=["contrastive", "no-expansion", "distillation"])
+def test_gradcache_gives_the_uncached_gradients(tmp_path, base_dir, data, train, extra):
+    """--mini-batch-size: queries and then documents embedded 3 texts a call; the loss and every parameter's gradient
+    equal the whole batch's in one call."""
+    from bertforge.runconfig import ColbertConfig
+    from bertforge.tasks.colbert import build
+
+    if train == "scored":  # three passages a row: with two, min-max normalisation leaves Distillation no gradient
+        rows = [json.loads(line) for line in (data / "scored.jsonl").read_text().splitlines()]
+        train = tmp_path / "scored3.jsonl"
+        train.write_text("".join(json.dumps({"query": r["query"], "positive": r["positive"], "negative": r["negative"],
+                                             "negative_2": rows[i - 1]["positive"], "score": [*r["score"], 1.0 + i % 5]})
+                                 + "\n" for i, r in enumerate(rows)))
+    grads, values, start = [], [], None
+    for mini in (None, 3):
+        cfg = ColbertConfig(model=str(base_dir), train=str(data / train), dev=str(data / "dev.jsonl"), batch_size=8,
+                            dim=16, query_length=12, document_length=20, mini_batch_size=mini, **extra)
+        model, task = build(cfg, Tokenizer.from_pretrained(base_dir), cfg.train, cfg.dev)
+        start = start or {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(start)  # the same new projection in both
+        value, grad = first_step_gradients(task, model)
+        values.append(value)
+        grads.append(grad)
+    assert values[0] == pytest.approx(values[1], rel=1e-6)
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    # Every parameter is trained (so the comparison can fail), but the attention keys' biases: softmax ignores what
+    # they add to all of a query's scores alike.
+    assert all(g.abs().max() > 1e-5 for n, g in grads[0].items() if not n.endswith("key.bias"))
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_gradcache_run_ends_with_the_uncached_runs_weights(tmp_path, base_dir, data, capsys):
+    for name, extra in (("whole", ()), ("cached", ("--mini-batch-size", "3"))):
+        assert main(_flags(base_dir, data, tmp_path / name, "--max-steps", "3", "--lr", "1e-3", "--eval-every", "100",
+                           *extra)) == 0
+    assert "- GradCache mini-batch: 3\n" in (tmp_path / "cached" / "README.md").read_text()
+    a, b = load_colbert(tmp_path / "whole")[0].state_dict(), load_colbert(tmp_path / "cached")[0].state_dict()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=2e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_training_maxsim_in_blocks_equals_it_whole():
+    """The contrastive loss's MaxSim, past its budget, a block of documents at a time with each block recomputed in
+    the backward: the same scores and the same gradients as the whole [Q, N, Tq, Td] at once."""
+    from bertforge.models.colbert import maxsim
+    from bertforge.tasks.colbert import training_maxsim
+
+    g = torch.Generator().manual_seed(3)
+    q, d = _vectors(g, 5, 6, 8), _vectors(g, 11, 9, 8)
+    q_kept, d_kept = torch.rand(5, 6, generator=g) > 0.3, torch.rand(11, 9, generator=g) > 0.3
+    out = []
+    for budget in (None, 5 * 6 * 9 * 2):  # whole; two documents a block
+        qq, dd = q.clone().requires_grad_(), d.clone().requires_grad_()
+        scores = maxsim(qq, q_kept, dd, d_kept, dropped_as_zero=True) if budget is None else \
+            training_maxsim(qq, q_kept, dd, d_kept, budget=budget)
+        (scores * torch.arange(55.0).view(5, 11)).sum().backward()
+        out.append((scores.detach(), qq.grad, dd.grad))
+    for whole, blocked in zip(*out):
+        torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)

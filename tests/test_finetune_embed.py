@@ -237,6 +237,13 @@ def test_a_beir_query_without_a_positive_is_refused(tmp_path):
         read_tuples(str(folder), "train")
 
 
+def first_step_gradients(task, model: torch.nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
+    """The loss of `task`'s first micro-batch and every parameter's gradient, backpropagated as the loop does."""
+    loss, _ = task.loss(model, task.micro_batch(0, 0))
+    (loss / 2).backward()  # as the loop scales it for gradient accumulation
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
 def test_gradcache_gives_the_uncached_gradients(st_dir, data):
     """--mini-batch-size: the loss and every parameter's gradient equal the whole batch's, embedded 3 texts at a time
     (with Matryoshka dimensions on top, as they compose)."""
@@ -253,10 +260,9 @@ def test_gradcache_gives_the_uncached_gradients(st_dir, data):
                 model.learn_scale(20.0)
             task = EmbeddingTask(rows, from_pairs([("a", "b")], "-"), tok, 48, 8, 0, "MultipleNegativesRankingLoss",
                                  None, "cosine", Prompts("query: "), mini_batch_size=mini, dims=dims)
-            loss, _ = task.loss(model, task.micro_batch(0, 0))
-            (loss / 2).backward()  # as the loop scales it for gradient accumulation
-            values.append(loss.item())
-            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            value, grad = first_step_gradients(task, model)
+            values.append(value)
+            grads.append(grad)
         assert values[0] == pytest.approx(values[1], rel=1e-6)
         assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
         assert ("log_scale" in grads[0]) == learned

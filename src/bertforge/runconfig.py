@@ -448,21 +448,30 @@ class RetrievalTrainConfig(FinetuneConfig):
             raise ConfigError(f"{flag('backend')} jax fine-tunes classify only, not {self.task}")
 
 
+def mini_batch_setting() -> Any:
+    """--mini-batch-size, for each trainer that embeds texts (embed, sparse, colbert)."""
+    return setting(None, "GradCache (sentence-transformers' Cached* losses, PyLate's CachedContrastive): embed this "
+                         "many texts at a time, so memory stays flat in --batch-size while the gradients are the "
+                         "whole batch's")
+
+
+def check_mini_batch(cfg: Any) -> None:
+    if cfg.mini_batch_size is not None and not 1 <= cfg.mini_batch_size <= cfg.batch_size:
+        raise ConfigError(f"{flag('mini_batch_size')} {cfg.mini_batch_size} must lie between 1 and "
+                          f"--batch-size ({cfg.batch_size})")
+
+
 @dataclass
 class BiEncoderConfig(RetrievalTrainConfig):
     """What `finetune embed` and `finetune sparse` share: texts embedded one by one, with prompts, GradCache."""
 
     query_prompt: str = setting("", "put before every query (a row's first text), saved as the prompt named 'query'")
     document_prompt: str = setting("", "put before every other text, saved as the prompt named 'document'")
-    mini_batch_size: int | None = setting(None, "GradCache (sentence-transformers' Cached* losses): embed this many "
-                                                "texts at a time, so memory stays flat in --batch-size while the "
-                                                "gradients are the whole batch's")
+    mini_batch_size: int | None = mini_batch_setting()
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.mini_batch_size is not None and not 1 <= self.mini_batch_size <= self.batch_size:
-            raise ConfigError(f"{flag('mini_batch_size')} {self.mini_batch_size} must lie between 1 and "
-                              f"--batch-size ({self.batch_size})")
+        check_mini_batch(self)
 
 
 @dataclass
@@ -565,10 +574,12 @@ class ColbertConfig(RetrievalTrainConfig):
                                                             "(default: the directory's, else no)")
     no_query_expansion: bool = setting(False, "no [MASK] expansion: queries keep their own tokens only")
     temperature: float = setting(1.0, "Contrastive: the MaxSim scores are divided by it (PyLate's default 1)")
+    mini_batch_size: int | None = mini_batch_setting()
     out: str = setting("bertforge-colbert", "output directory")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_mini_batch(self)
         if self.scale is not None:
             raise ConfigError(f"{flag('scale')}: ColBERT's Contrastive loss takes --temperature")
         if self.seq_len_given:

@@ -14,8 +14,11 @@ inference path (`inference/multi_vector.py`) does it, so training scores what `e
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..data.batching import collate
 from ..data.retrieval import read_tuples
@@ -28,13 +31,16 @@ from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..tokenization.tokenizer import Tokenizer
 from .embedding import EmbeddingTask, Prompts
-from .embedding_losses import ROWS, SCORED_TUPLES, gather, resolve_loss
+from .embedding_losses import ROWS, SCORED_TUPLES, cached_calls, gather, resolve_loss
 
 # PyLate's losses by class name: the rows each trains on.
 COLBERT_LOSSES = {"Contrastive": ROWS, "Distillation": SCORED_TUPLES}
 COLBERT_ALIASES = {"contrastive": "Contrastive", "in-batch": "Contrastive", "mnrl": "Contrastive",
                    "distillation": "Distillation", "kl": "Distillation"}
 COLBERT_DEFAULTS = {ROWS: "Contrastive", SCORED_TUPLES: "Distillation"}
+# Floats of a training batch's [queries, documents, Tq, Td] MaxSim similarities held at once (256 MiB), and as
+# many again for their gradient: past it they are computed a block of documents at a time.
+SIMILARITY_BUDGET = 2**26
 
 
 def contrastive(queries: torch.Tensor, query_kept: torch.Tensor | None, documents: torch.Tensor,
@@ -45,11 +51,24 @@ def contrastive(queries: torch.Tensor, query_kept: torch.Tensor | None, document
     B, N = documents.shape[:2]
     gathered, offset = gather(documents)
     kept, _ = gather(document_kept.float())
-    scores = maxsim(queries, query_kept if query_kept is not None else torch.ones(queries.shape[:2], dtype=torch.bool,
-                                                                                  device=queries.device),
-                    gathered.flatten(0, 1), kept.flatten(0, 1).bool(), dropped_as_zero=True)  # [B, world * B * N]
+    if query_kept is None:
+        query_kept = torch.ones(queries.shape[:2], dtype=torch.bool, device=queries.device)
+    scores = training_maxsim(queries, query_kept, gathered.flatten(0, 1), kept.flatten(0, 1).bool())  # [B, world*B*N]
     labels = (torch.arange(B, device=queries.device) + offset) * N
     return F.cross_entropy(scores / temperature, labels)
+
+
+def training_maxsim(queries: torch.Tensor, query_kept: torch.Tensor, documents: torch.Tensor,
+                    document_kept: torch.Tensor, budget: int = SIMILARITY_BUDGET) -> torch.Tensor:
+    """`maxsim(..., dropped_as_zero=True)` [Q, N] with the [Q, N, Tq, Td] similarities held a block of documents at a
+    time: each block is checkpointed (its similarities recomputed in the backward), so a large batch's loss, the
+    one GradCache makes possible, needs `budget` floats for them rather than Q * N * Tq * Td."""
+    per_document = queries.shape[0] * queries.shape[1] * documents.shape[1]
+    block = max(1, budget // max(1, per_document))
+    if block >= documents.shape[0]:
+        return maxsim(queries, query_kept, documents, document_kept, dropped_as_zero=True)
+    return torch.cat([checkpoint(maxsim, queries, query_kept, documents[s:s + block], document_kept[s:s + block],
+                                 True, use_reentrant=False) for s in range(0, documents.shape[0], block)], dim=1)
 
 
 def distillation(queries: torch.Tensor, query_kept: torch.Tensor | None, documents: torch.Tensor,
@@ -123,18 +142,33 @@ class ColbertTask(EmbeddingTask):
         return batch
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-        expanded = self.spec.do_query_expansion
-        q, d = model(batch["q_input_ids"], batch["q_attention_mask"], batch["q_token_type_ids"],
-                     keep_masked=expanded and not self.spec.attend_to_expansion_tokens,
-                     documents={k: batch[f"d_{k}"] for k in ("input_ids", "attention_mask", "token_type_ids")})
+        keep_masked = self.spec.do_query_expansion and not self.spec.attend_to_expansion_tokens
+        queries = {k: batch[f"q_{k}"] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        documents = {k: batch[f"d_{k}"] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        if not self.mini_batch_size:
+            q, d = model(**queries, keep_masked=keep_masked, documents=documents)
+            return self.vectors_loss(q, d, batch), {}
+        # GradCache: queries and then documents, `mini_batch_size` texts a call (PyLate's CachedContrastive embeds
+        # each side in mini-batches too); the loss sees every vector of the batch.
+        calls = [functools.partial(_encode_rows, model, queries, slice(s, s + self.mini_batch_size), keep_masked)
+                 for s in range(0, len(queries["input_ids"]), self.mini_batch_size)]
+        split = len(calls)
+        calls += [functools.partial(_encode_rows, model, documents, slice(s, s + self.mini_batch_size), False)
+                  for s in range(0, len(documents["input_ids"]), self.mini_batch_size)]
+        return cached_calls(model, calls, lambda pieces: self.vectors_loss(torch.cat(pieces[:split]),
+                                                                           torch.cat(pieces[split:]), batch)), {}
+
+    def vectors_loss(self, q: torch.Tensor, d: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss of the batch's query vectors q [B, Tq, D] and document vectors d [(C-1) * B, Td, D] (column by
+        column, as `micro_batch` lays them out)."""
         B, N = q.shape[0], len(self.data.columns) - 1
         # Column-major documents ([N * B]) as each row's own: [B, N, Td, D], the positive first.
         documents = d.float().view(N, B, *d.shape[1:]).transpose(0, 1)
         kept = batch["d_kept"].view(N, B, -1).transpose(0, 1)
-        query_kept = None if expanded else batch["q_kept"]
+        query_kept = None if self.spec.do_query_expansion else batch["q_kept"]
         if self.loss_name == "Distillation":
-            return distillation(q.float(), query_kept, documents, kept, batch["scores"]), {}
-        return contrastive(q.float(), query_kept, documents, kept, self.scale), {}
+            return distillation(q.float(), query_kept, documents, kept, batch["scores"])
+        return contrastive(q.float(), query_kept, documents, kept, self.scale)
 
     def vectors(self, model: ColbertEncoder, texts: list[str], query: bool) -> list:
         from ..inference.multi_vector import multi_vector_embed
@@ -154,6 +188,12 @@ class ColbertTask(EmbeddingTask):
         from ..interop.colbert_dir import save_colbert_dir
 
         save_colbert_dir(model, out, self.model_tokenizer, self.spec)
+
+
+def _encode_rows(model: torch.nn.Module, inputs: dict[str, torch.Tensor], rows: slice,
+                 keep_masked: bool) -> torch.Tensor:
+    """One GradCache call: the vectors float [rows, T, D] of `rows` of one side's batch."""
+    return model(**{k: v[rows] for k, v in inputs.items()}, keep_masked=keep_masked).float()
 
 
 def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: ColbertEncoder | None = None):
@@ -179,5 +219,5 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Colb
     check_expansion(model.backbone, spec, "--attend-to-expansion-tokens")
     task = ColbertTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, spec.document_length,
                        cfg.batch_size, cfg.seed, loss, cfg.temperature, "MaxSim", Prompts(),
-                       spec=spec, model_tokenizer=model_tokenizer)
+                       mini_batch_size=cfg.mini_batch_size, spec=spec, model_tokenizer=model_tokenizer)
     return model, task

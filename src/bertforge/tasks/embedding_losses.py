@@ -9,6 +9,7 @@ torchrun job the in-batch candidates are gathered from every process with their 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import torch
@@ -185,37 +186,50 @@ def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_s
     """GradCache (Gao et al., 2021; sentence-transformers' Cached* losses): the loss of a batch far larger than
     memory allows, with the gradients of the uncached loss.
 
-    The batch's texts (`inputs`: long [N, T] each) are embedded `mini_batch_size` at a time without gradients;
-    `loss_of(vectors [N, D])` and its gradient with respect to the vectors are computed once; then, when the
-    returned value is backpropagated, each mini-batch is embedded again with gradients (its random state
-    replayed, so dropout draws the same masks) and backpropagated with its cached vector gradients. Activation
-    memory is one mini-batch's, whatever the batch size; the cost is one more forward per step. `loss_params`:
-    parameters of the loss itself (a learned scale), whose gradients join the last mini-batch's backward, the
-    one that DDP reduces.
-    """
+    The batch's texts (`inputs`: long [N, T] each) are embedded `mini_batch_size` at a time, and `loss_of(vectors
+    [N, D])` sees them all: see `cached_calls`, which this is for one call per mini-batch of one model input."""
     rows = inputs["input_ids"].shape[0]
-    chunks = [slice(start, start + mini_batch_size) for start in range(0, rows, mini_batch_size)]
+    calls = [functools.partial(_embed_rows, model, inputs, slice(start, start + mini_batch_size))
+             for start in range(0, rows, mini_batch_size)]
+    return cached_calls(model, calls, lambda pieces: loss_of(torch.cat(pieces)), loss_params)
+
+
+def _embed_rows(model: torch.nn.Module, inputs: dict[str, torch.Tensor], rows: slice) -> torch.Tensor:
+    return model(**{k: v[rows] for k, v in inputs.items()}).float()
+
+
+def cached_calls(model: torch.nn.Module, calls: list[Callable[[], torch.Tensor]],
+                 loss_of: Callable[[list[torch.Tensor]], torch.Tensor],
+                 loss_params: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """GradCache over any split of a batch into model calls, each of which embeds a part of it (a mini-batch of
+    texts; for ColBERT, of queries or of documents).
+
+    Every call runs once without gradients; `loss_of(pieces)` (the calls' outputs, in order) and its gradients with
+    respect to every piece are computed once; then, when the returned value is backpropagated, each call runs again
+    with gradients (its random state replayed, so dropout draws the same masks) and is backpropagated with its
+    piece's cached gradient. Activation memory is one call's, whatever the batch size; the cost is one more forward
+    per step. `loss_params`: parameters of the loss itself (a learned scale), whose gradients join the last call's
+    backward, the one that DDP (`model`, when wrapped) reduces."""
     states, pieces = [], []
     with torch.no_grad():
-        for chunk in chunks:
+        for call in calls:
             states.append(torch.get_rng_state())
-            pieces.append(model(**{k: v[chunk] for k, v in inputs.items()}).float())
-    vectors = torch.cat(pieces).requires_grad_()
+            pieces.append(call().requires_grad_())
     with torch.enable_grad():
-        loss = loss_of(vectors)
-        grads, *param_grads = torch.autograd.grad(loss, [vectors, *loss_params])
+        loss = loss_of(pieces)
+        found = torch.autograd.grad(loss, [*pieces, *loss_params])
+    grads, param_grads = found[:len(pieces)], found[len(pieces):]
     value = loss.detach().requires_grad_()
 
     def replay(grad_output: torch.Tensor) -> None:
         after = torch.get_rng_state()
-        no_sync = getattr(model, "no_sync", None)  # DDP: reduce the gradients once, after the last mini-batch
-        for n, chunk in enumerate(chunks):
+        no_sync = getattr(model, "no_sync", None)  # DDP: reduce the gradients once, after the last call
+        for n, call in enumerate(calls):
             torch.set_rng_state(states[n])
-            sync = no_sync() if no_sync is not None and n < len(chunks) - 1 else contextlib.nullcontext()
+            sync = no_sync() if no_sync is not None and n < len(calls) - 1 else contextlib.nullcontext()
             with sync, torch.enable_grad():  # a backward hook runs with gradients off
-                out = model(**{k: v[chunk] for k, v in inputs.items()}).float()
-                total = (out * grads[chunk]).sum()
-                if n == len(chunks) - 1:
+                total = (call() * grads[n]).sum()
+                if n == len(calls) - 1:
                     total = total + sum((p * g).sum() for p, g in zip(loss_params, param_grads))
                 total.mul(grad_output).backward()
         torch.set_rng_state(after)

@@ -90,7 +90,8 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
                          "document prefix": repr(spec.document_prefix), "query length": spec.query_length,
                          "document length": spec.document_length, "query expansion": spec.do_query_expansion,
                          "attend to expansion tokens": spec.attend_to_expansion_tokens,
-                         "temperature": cfg.temperature if task.loss_name == "Contrastive" else None})
+                         "temperature": cfg.temperature if task.loss_name == "Contrastive" else None,
+                         "GradCache mini-batch": task.mini_batch_size})
     elif kind == "embed":
         learned = getattr(task, "learned_scale", None)
         scale = (f"learned (--learn-scale, rate {cfg.scale_lr:g}): {task.scale:g} at the start, {learned:.4g} at the "
