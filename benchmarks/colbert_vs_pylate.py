@@ -110,6 +110,9 @@ def main() -> None:
                     runs[name][key].append(scored[key])
                 print(f"seed {seed} {name}: {args.pairs / seconds:.2f} examples/s, nDCG@10 {scored['ndcg@10']:.4f}, "
                       f"{scored['vectors_per_document']:.0f} vectors per document", flush=True)
+                # What a stopped run has measured so far.
+                save("colbert_vs_pylate_partial", {"machine": machine(), "pairs": args.pairs, "seeds": seeds,
+                                                   "bm25": lexical, "runs": runs})
     summary = {name: {"examples_per_s": mean_std([args.pairs / s for s in r["seconds"]]),
                       **{k: mean_std(v) for k, v in r.items() if k != "seconds"}} for name, r in runs.items()}
     ours, theirs = summary["bertforge"]["ndcg@10"], summary["pylate"]["ndcg@10"]

@@ -142,6 +142,9 @@ def main() -> None:
                 print(f"seed {seed} {name}: {args.pairs / seconds:.2f} examples/s, nDCG@10 {scored['ndcg@10']:.4f}, "
                       f"non-zeros {scored['nonzero_per_query']:.0f} per query, "
                       f"{scored['nonzero_per_document']:.0f} per document", flush=True)
+                # What a stopped run has measured so far.
+                save("sparse_vs_st_partial", {"machine": machine(), "pairs": args.pairs, "seeds": seeds,
+                                              "mlm_steps": args.mlm_steps, "bm25": lexical, "runs": runs})
     summary = {name: {"examples_per_s": mean_std([args.pairs / s for s in r["seconds"]]),
                       **{k: mean_std(v) for k, v in r.items() if k != "seconds"}} for name, r in runs.items()}
     ours, theirs = summary["bertforge"]["ndcg@10"], summary["sentence-transformers"]["ndcg@10"]

@@ -242,3 +242,21 @@ def test_training_maxsim_in_blocks_equals_it_whole():
         out.append((scores.detach(), qq.grad, dd.grad))
     for whole, blocked in zip(*out):
         torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
+
+
+def test_exact_search_in_length_blocks_equals_maxsim_pair_by_pair():
+    """`evaluate retrieval`'s MaxSim scan, documents taken in blocks of similar length (a tiny budget makes many
+    blocks), gives every (query, document) the score of MaxSim computed for that pair alone, in the documents'
+    own order; a document without vectors scores 0."""
+    from bertforge.retrieval.late_interaction import maxsim_scores, maxsim_top_k
+
+    g = torch.Generator().manual_seed(7)
+    queries = [_vectors(g, n, 8).numpy() for n in (4, 6, 5)]
+    documents = [_vectors(g, n, 8).numpy() for n in (9, 2, 14, 0, 5, 9, 1, 12, 3)]
+    scores = maxsim_scores(queries, documents, 8, budget=3 * 6 * 10)
+    for i, q in enumerate(queries):
+        for j, d in enumerate(documents):
+            expected = float((torch.from_numpy(q) @ torch.from_numpy(d).T).amax(1).sum()) if len(d) else 0.0
+            assert float(scores[i, j]) == pytest.approx(expected, abs=1e-5), (i, j)
+    values, indices = maxsim_top_k(queries, documents, 3, 8)
+    assert indices.tolist() == scores.topk(3, dim=1).indices.tolist()

@@ -1,8 +1,8 @@
 """Exact late-interaction search: every query's MaxSim against every document, the top k kept.
 
-ColBERT's documents keep a variable number of vectors each; they are padded once into one
-[N, T, D] tensor with a mask, and scored in blocks of queries and documents so that the
-[queries, documents, Tq, Td] similarity block stays near `budget` floats. At the SQuAD-retrieval
+ColBERT's documents keep a variable number of vectors each; they are scored in blocks of queries
+and of documents of similar length, each block padded to its own longest, one matrix product a
+block, so that the [queries x Tq, documents x Td] similarity block stays near `budget` floats. At the SQuAD-retrieval
 set's size (2,067 passages) this exact scan is the reference an approximate (PLAID) index would be
 measured against.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..models.colbert import maxsim
 
 
 def padded(vectors: list[np.ndarray], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,17 +26,50 @@ def padded(vectors: list[np.ndarray], dim: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def maxsim_scores(queries: list[np.ndarray], documents: list[np.ndarray], dim: int,
-                  budget: int = 2**24) -> torch.Tensor:
-    """MaxSim of every query against every document: float32 [Q, N]."""
-    q, q_mask = padded(queries, dim)
-    d, d_mask = padded(documents, dim)
-    q_block = min(len(queries), 64)
-    d_block = max(1, budget // (q.shape[1] * d.shape[1] * max(1, q_block)))  # [q_block, d_block, Tq, Td] floats
-    rows = []
-    for qs in range(0, len(queries), q_block):
-        rows.append(torch.cat([maxsim(q[qs:qs + q_block], q_mask[qs:qs + q_block], d[ds:ds + d_block],
-                                      d_mask[ds:ds + d_block]) for ds in range(0, len(documents), d_block)], dim=1))
-    return torch.cat(rows) if rows else torch.zeros(0, len(documents))
+                  budget: int = 2**22) -> torch.Tensor:
+    """MaxSim of every query against every document: float32 [Q, N].
+
+    Equal to `models.colbert.maxsim` over the kept vectors, computed for search: documents in order of length, each
+    block padded only to its own longest, and padded with copies of the document's own first vector, which cannot
+    change its maximum, so no mask is applied to the [queries x Tq, documents x Td] similarities, one matrix product
+    per block (a query's padding is zeros: its best match is 0, adding nothing; so is an empty document's score)."""
+    if not queries or not documents:
+        return torch.zeros(len(queries), len(documents))
+    q, _ = padded(queries, dim)
+    q_block, tq = min(len(queries), 64), q.shape[1]
+    order = sorted(range(len(documents)), key=lambda i: len(documents[i]))
+    scores = torch.empty(len(queries), len(documents))
+    start = 0
+    while start < len(order):
+        # As many documents as keep [q_block * Tq, block * Td] within `budget` floats at the width the block ends
+        # with (its last, longest document's).
+        block = 1
+        while start + block < len(order):
+            if q_block * tq * max(1, len(documents[order[start + block]])) * (block + 1) > budget:
+                break
+            block += 1
+        chosen = order[start:start + block]
+        d = _padded_with_repeats([documents[i] for i in chosen], dim)  # [block, Td, D]
+        flat = d.reshape(-1, dim).T  # [D, block * Td]
+        columns = torch.tensor(chosen)
+        for qs in range(0, len(queries), q_block):
+            part = q[qs:qs + q_block]  # [b, Tq, D]
+            sims = part.reshape(-1, dim) @ flat  # [b * Tq, block * Td]
+            best = sims.view(-1, len(chosen), d.shape[1]).amax(-1)  # [b * Tq, block]
+            scores[qs:qs + q_block, columns] = best.view(part.shape[0], tq, len(chosen)).sum(1)
+        start += block
+    return scores
+
+
+def _padded_with_repeats(vectors: list[np.ndarray], dim: int) -> torch.Tensor:
+    """Variable-length [n_i, D] arrays -> float32 [N, T, D], each padded with its own first vector (zeros when empty)."""
+    longest = max(1, max(len(v) for v in vectors))
+    out = torch.zeros(len(vectors), longest, dim)
+    for i, v in enumerate(vectors):
+        if len(v):
+            out[i, :len(v)] = torch.from_numpy(np.asarray(v, dtype=np.float32))
+            out[i, len(v):] = out[i, 0]
+    return out
 
 
 def maxsim_top_k(queries: list[np.ndarray], documents: list[np.ndarray], k: int, dim: int
