@@ -40,7 +40,8 @@ def base_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """64 training rows (query, positive, negative) without a text twice, 16 dev pairs, and a teacher's scores."""
+    """64 training rows (query, positive, negative) without a text twice, 16 dev pairs, and the rows with a second
+    negative and a teacher's scores."""
     root = tmp_path_factory.mktemp("colbert-data")
     texts = _sentences(240, 9, 3, 12)
     rows = [{"query": f"{i} {q}", "positive": f"{i} {p}", "negative": f"{i} {n}"}
@@ -48,7 +49,9 @@ def data(tmp_path_factory):
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:64]))
     (root / "dev.jsonl").write_text("".join(json.dumps({"query": r["query"], "positive": r["positive"]}) + "\n"
                                             for r in rows[64:]))
-    (root / "scored.jsonl").write_text("".join(json.dumps({**r, "score": [2.0 + i % 3, 0.5 * (i % 4)]}) + "\n"
+    extra = _sentences(64, 11, 3, 12)  # three passages a row: Distillation refuses two (see the settings test)
+    (root / "scored.jsonl").write_text("".join(json.dumps({**r, "negative_2": f"{i} {extra[i]}",
+                                                           "score": [2.0 + i % 3, 0.5 * (i % 4), 1.0 + i % 5]}) + "\n"
                                                for i, r in enumerate(rows[:64])))
     return root
 
@@ -179,22 +182,24 @@ def test_colbert_settings_are_checked(tmp_path, base_dir, data, capsys):
         assert main(_flags(base_dir, data, tmp_path / "out", *flags)) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and re.search(message, err[0]), err
+    two = tmp_path / "two.jsonl"  # two passages a row: min-max normalised, their scores are 0 and 1 whatever the model
+    two.write_text("".join(json.dumps({**{k: r[k] for k in ("query", "positive", "negative")}, "score": r["score"][:2]})
+                           + "\n"
+                           for r in map(json.loads, (data / "scored.jsonl").read_text().splitlines())))
+    assert main(_flags(base_dir, data, tmp_path / "out", train=str(two))) == 2  # an absolute path: data / it is it
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"two.jsonl: Distillation needs at least 3 passages a row, these rows have 2",
+                                       err[0]), err
 
 
 @pytest.mark.parametrize("train, extra", [("train.jsonl", {}), ("train.jsonl", {"no_query_expansion": True}),
-                                          ("scored", {})], ids=["contrastive", "no-expansion", "distillation"])
-def test_gradcache_gives_the_uncached_gradients(tmp_path, base_dir, data, train, extra):
+                                          ("scored.jsonl", {})], ids=["contrastive", "no-expansion", "distillation"])
+def test_gradcache_gives_the_uncached_gradients(base_dir, data, train, extra):
     """--mini-batch-size: queries and then documents embedded 3 texts a call; the loss and every parameter's gradient
     equal the whole batch's in one call."""
     from bertforge.runconfig import ColbertConfig
     from bertforge.tasks.colbert import build
 
-    if train == "scored":  # three passages a row: with two, min-max normalisation leaves Distillation no gradient
-        rows = [json.loads(line) for line in (data / "scored.jsonl").read_text().splitlines()]
-        train = tmp_path / "scored3.jsonl"
-        train.write_text("".join(json.dumps({"query": r["query"], "positive": r["positive"], "negative": r["negative"],
-                                             "negative_2": rows[i - 1]["positive"], "score": [*r["score"], 1.0 + i % 5]})
-                                 + "\n" for i, r in enumerate(rows)))
     grads, values, start = [], [], None
     for mini in (None, 3):
         cfg = ColbertConfig(model=str(base_dir), train=str(data / train), dev=str(data / "dev.jsonl"), batch_size=8,

@@ -202,6 +202,12 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Colb
 
     data = read_tuples(train_path, cfg.train_split)
     loss = resolve_loss(cfg.loss, data, COLBERT_LOSSES, COLBERT_ALIASES, COLBERT_DEFAULTS)
+    if loss == "Distillation" and len(data.columns) < 4:
+        # Min-max normalised per row, two scores are 0 and 1 whatever the model: the loss would have no gradient
+        # (PyLate trains nothing from such rows, silently).
+        raise InputError(f"{data.source}: Distillation needs at least 3 passages a row, these rows have "
+                         f"{len(data.columns) - 1}: with 2, the min-max normalisation of each row's scores leaves "
+                         "them 0 and 1 whatever the model, so nothing would be trained")
     loaded, spec, model_tokenizer = load_colbert(cfg.model, cfg.dim)
     if model is None:
         model = loaded
