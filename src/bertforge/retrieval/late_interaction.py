@@ -2,9 +2,9 @@
 
 ColBERT's documents keep a variable number of vectors each; they are scored in blocks of queries
 and of documents of similar length, each block padded to its own longest, one matrix product a
-block, so that the [queries x Tq, documents x Td] similarity block stays near `budget` floats. At the SQuAD-retrieval
-set's size (2,067 passages) this exact scan is the reference an approximate (PLAID) index would be
-measured against.
+block, so that the [queries x Tq, documents x Td] similarity block stays near `budget` floats. At
+the SQuAD-retrieval set's size (2,067 passages) this exact scan is the reference an approximate
+(PLAID) index would be measured against.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def maxsim_scores(queries: list[np.ndarray], documents: list[np.ndarray], dim: i
 
 
 def _padded_with_repeats(vectors: list[np.ndarray], dim: int) -> torch.Tensor:
-    """Variable-length [n_i, D] arrays -> float32 [N, T, D], each padded with its own first vector (zeros when empty)."""
+    """Variable-length [n_i, D] arrays -> float32 [N, T, D], each padded with its own first vector (zeros if empty)."""
     longest = max(1, max(len(v) for v in vectors))
     out = torch.zeros(len(vectors), longest, dim)
     for i, v in enumerate(vectors):
