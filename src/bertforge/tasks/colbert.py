@@ -31,7 +31,7 @@ from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..tokenization.tokenizer import Tokenizer
 from .embedding import EmbeddingTask, Prompts
-from .embedding_losses import ROWS, SCORED_TUPLES, cached_calls, gather, resolve_loss
+from .embedding_losses import ROWS, SCORED_TUPLES, cached_calls, embed_rows, gather, resolve_loss
 
 # PyLate's losses by class name: the rows each trains on.
 COLBERT_LOSSES = {"Contrastive": ROWS, "Distillation": SCORED_TUPLES}
@@ -150,10 +150,11 @@ class ColbertTask(EmbeddingTask):
             return self.vectors_loss(q, d, batch), {}
         # GradCache: queries and then documents, `mini_batch_size` texts a call (PyLate's CachedContrastive embeds
         # each side in mini-batches too); the loss sees every vector of the batch.
-        calls = [functools.partial(_encode_rows, model, queries, slice(s, s + self.mini_batch_size), keep_masked)
+        as_query = functools.partial(model, keep_masked=keep_masked)
+        calls = [functools.partial(embed_rows, as_query, queries, slice(s, s + self.mini_batch_size))
                  for s in range(0, len(queries["input_ids"]), self.mini_batch_size)]
         split = len(calls)
-        calls += [functools.partial(_encode_rows, model, documents, slice(s, s + self.mini_batch_size), False)
+        calls += [functools.partial(embed_rows, model, documents, slice(s, s + self.mini_batch_size))
                   for s in range(0, len(documents["input_ids"]), self.mini_batch_size)]
         return cached_calls(model, calls, lambda pieces: self.vectors_loss(torch.cat(pieces[:split]),
                                                                            torch.cat(pieces[split:]), batch)), {}
@@ -188,12 +189,6 @@ class ColbertTask(EmbeddingTask):
         from ..interop.colbert_dir import save_colbert_dir
 
         save_colbert_dir(model, out, self.model_tokenizer, self.spec)
-
-
-def _encode_rows(model: torch.nn.Module, inputs: dict[str, torch.Tensor], rows: slice,
-                 keep_masked: bool) -> torch.Tensor:
-    """One GradCache call: the vectors float [rows, T, D] of `rows` of one side's batch."""
-    return model(**{k: v[rows] for k, v in inputs.items()}, keep_masked=keep_masked).float()
 
 
 def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: ColbertEncoder | None = None):

@@ -189,12 +189,13 @@ def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_s
     The batch's texts (`inputs`: long [N, T] each) are embedded `mini_batch_size` at a time, and `loss_of(vectors
     [N, D])` sees them all: see `cached_calls`, which this is for one call per mini-batch of one model input."""
     rows = inputs["input_ids"].shape[0]
-    calls = [functools.partial(_embed_rows, model, inputs, slice(start, start + mini_batch_size))
+    calls = [functools.partial(embed_rows, model, inputs, slice(start, start + mini_batch_size))
              for start in range(0, rows, mini_batch_size)]
     return cached_calls(model, calls, lambda pieces: loss_of(torch.cat(pieces)), loss_params)
 
 
-def _embed_rows(model: torch.nn.Module, inputs: dict[str, torch.Tensor], rows: slice) -> torch.Tensor:
+def embed_rows(model: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor], rows: slice) -> torch.Tensor:
+    """One GradCache call: `model`'s float vectors for `rows` of the batch's `inputs`."""
     return model(**{k: v[rows] for k, v in inputs.items()}).float()
 
 
