@@ -19,6 +19,7 @@ own training clock, runs alternated.
 
     pip install bm25s
     python -m benchmarks.sparse_vs_st [--seeds 1,2,3] [--pairs 2048] [--mlm-steps 300]
+    python -m benchmarks.sparse_vs_st --merge A_partial.json B_partial.json   # seeds run in separate invocations
 """
 
 from __future__ import annotations
@@ -92,13 +93,54 @@ def bm25(squad_set: Path) -> dict:
 
 
 
+def summarise(partial: dict) -> dict:
+    """The rules applied once to the runs of one or more `*_partial.json` files' form (`runs`: per trainer, a list per
+    measure, one entry per seed, in `seeds` order)."""
+    runs, pairs = partial["runs"], partial["pairs"]
+    summary = {name: {"examples_per_s": mean_std([pairs / s for s in r["seconds"]]),
+                      **{k: mean_std(v) for k, v in r.items() if k != "seconds"}} for name, r in runs.items()}
+    ours, theirs = summary["bertforge"]["ndcg@10"], summary["sentence-transformers"]["ndcg@10"]
+    speed = [b / a for a, b in zip(runs["bertforge"]["seconds"], runs["sentence-transformers"]["seconds"])]
+    lexical = partial["bm25"]
+    return {**{k: partial[k] for k in ("machine", "pairs", "seeds", "mlm_steps", "bm25")}, **summary,
+            "speed_ratio_per_seed": speed, "speed_ratio_median": statistics.median(speed),
+            "beats_bm25": ours["mean"] - ours["std"] > lexical["ndcg@10"],
+            "same_ndcg_within_one_std": abs(ours["mean"] - theirs["mean"]) <= max(ours["std"], theirs["std"]),
+            **({"merged_from": partial["merged_from"]} if "merged_from" in partial else {})}
+
+
+def merge(paths: list[str]) -> dict:
+    """Several runs' partial files (say, seed 1 and then seeds 2 and 3) as one: the same recipe is required of each."""
+    parts = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    for key in ("pairs", "mlm_steps", "bm25"):
+        if any(part[key] != parts[0][key] for part in parts):
+            sys.exit(f"{key} differs between the files to merge: {[part[key] for part in parts]}")
+    for path, part in zip(paths, parts):
+        if any(len(values) != len(part["seeds"]) for run in part["runs"].values() for values in run.values()):
+            sys.exit(f"{path}: a seed's run is incomplete (each trainer needs one value per seed in 'seeds')")
+    seeds = [s for part in parts for s in part["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        sys.exit(f"a seed is in more than one file: {seeds}")
+    runs = {name: {k: [v for part in parts for v in part["runs"][name][k]] for k in parts[0]["runs"][name]}
+            for name in parts[0]["runs"]}
+    return {**parts[0], "seeds": seeds, "runs": runs, "merged_from": [Path(p).name for p in paths],
+            "machine": " / ".join(sorted({part["machine"] for part in parts}))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--pairs", type=int, default=2048)
     parser.add_argument("--mlm-steps", type=int, default=300)
     parser.add_argument("--st-run", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--merge", nargs="+", metavar="PARTIAL_JSON",
+                        help="summarise earlier runs' partial files together instead of training")
     args = parser.parse_args()
+    if args.merge:
+        result = summarise(merge(args.merge))
+        print(json.dumps(result, indent=2))
+        save("sparse_vs_st", result)
+        return
     if args.st_run:
         st_train(args.st_run[0], args.st_run[1], args.st_run[2], int(args.st_run[3]))
         return
@@ -143,18 +185,12 @@ def main() -> None:
                       f"non-zeros {scored['nonzero_per_query']:.0f} per query, "
                       f"{scored['nonzero_per_document']:.0f} per document", flush=True)
                 # What a stopped run has measured so far.
-                save("sparse_vs_st_partial", {"machine": machine(), "pairs": args.pairs, "seeds": seeds,
-                                              "mlm_steps": args.mlm_steps, "bm25": lexical, "runs": runs})
-    summary = {name: {"examples_per_s": mean_std([args.pairs / s for s in r["seconds"]]),
-                      **{k: mean_std(v) for k, v in r.items() if k != "seconds"}} for name, r in runs.items()}
-    ours, theirs = summary["bertforge"]["ndcg@10"], summary["sentence-transformers"]["ndcg@10"]
-    speed = [b / a for a, b in zip(runs["bertforge"]["seconds"], runs["sentence-transformers"]["seconds"])]
-    result = {"machine": machine(), "pairs": args.pairs, "seeds": seeds, "mlm_steps": args.mlm_steps,
-              "bm25": lexical, **summary, "speed_ratio_per_seed": speed, "speed_ratio_median": statistics.median(speed),
-              "beats_bm25": ours["mean"] - ours["std"] > lexical["ndcg@10"],
-              "same_ndcg_within_one_std": abs(ours["mean"] - theirs["mean"]) <= max(ours["std"], theirs["std"])}
-    print(json.dumps(result, indent=2))
-    save("sparse_vs_st", result)
+                partial = {"machine": machine(), "pairs": args.pairs,
+                           "seeds": seeds[:len(runs["sentence-transformers"]["seconds"])],  # both trainers done
+                           "mlm_steps": args.mlm_steps, "bm25": lexical, "runs": runs}
+                save("sparse_vs_st_partial", partial)
+    print(json.dumps(summarise(partial), indent=2))
+    save("sparse_vs_st", summarise(partial))
 
 
 if __name__ == "__main__":
