@@ -62,6 +62,23 @@ def sentences() -> list[str]:
     return [line.split("\t")[0] for line in lines]
 
 
+def for_transformers4(model: Path) -> Path:
+    """`model` as infinity's transformers 4 reads it: transformers 5 saves a plain tokenizer.json tokenizer as
+    `TokenizersBackend`, a class transformers 4 does not have; there it is `PreTrainedTokenizerFast`, which reads the
+    same tokenizer.json. A sibling directory of links with that one field changed (the original stays as saved)."""
+    config = json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") != "TokenizersBackend":
+        return model
+    copy = model.with_name(model.name + "-transformers4")
+    copy.mkdir()
+    for item in model.iterdir():
+        if item.name != "tokenizer_config.json":
+            (copy / item.name).symlink_to(item.resolve())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (copy / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return copy
+
+
 def servers(model: Path, infinity: str | None, threads: int, engines: list[str],
             backends: list[str], baseline_src: str | None = None) -> dict[str, tuple[list[str], str]]:
     """name -> (command, embeddings route) for every server compared; the port is filled in when each starts.
@@ -76,8 +93,9 @@ def servers(model: Path, infinity: str | None, threads: int, engines: list[str],
         out["bertforge-baseline"] = (["env", f"PYTHONPATH={Path(baseline_src).resolve()}"] + serve + [backends[0]],
                                      "/v1/embeddings")
     if infinity:
+        readable = for_transformers4(model)
         for engine in engines:
-            out[f"infinity-{engine}"] = ([infinity, "v2", "--model-id", str(model), "--served-model-name",
+            out[f"infinity-{engine}"] = ([infinity, "v2", "--model-id", str(readable), "--served-model-name",
                                           MODEL_NAME, "--engine", engine, "--device", "cpu", "--host", "127.0.0.1",
                                           "--port", "{port}", "--batch-size", "64"], "/embeddings")
     return out
