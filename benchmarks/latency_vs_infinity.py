@@ -70,10 +70,9 @@ def for_transformers4(model: Path) -> Path:
     if config.get("tokenizer_class") != "TokenizersBackend":
         return model
     copy = model.with_name(model.name + "-transformers4")
-    copy.mkdir()
-    for item in model.iterdir():
-        if item.name != "tokenizer_config.json":
-            (copy / item.name).symlink_to(item.resolve())
+    # Real folders, linked files: infinity finds the ONNX export by a glob that does not enter linked folders.
+    shutil.copytree(model.resolve(), copy, copy_function=os.symlink)
+    (copy / "tokenizer_config.json").unlink()
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     (copy / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     return copy
