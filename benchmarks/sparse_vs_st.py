@@ -92,7 +92,6 @@ def bm25(squad_set: Path) -> dict:
     return evaluate_run(run, data.qrels)[0]
 
 
-
 def summarise(partial: dict) -> dict:
     """The rules applied once to the runs of one or more `*_partial.json` files' form (`runs`: per trainer, a list per
     measure, one entry per seed, in `seeds` order)."""
@@ -189,8 +188,9 @@ def main() -> None:
                            "seeds": seeds[:len(runs["sentence-transformers"]["seconds"])],  # both trainers done
                            "mlm_steps": args.mlm_steps, "bm25": lexical, "runs": runs}
                 save("sparse_vs_st_partial", partial)
-    print(json.dumps(summarise(partial), indent=2))
-    save("sparse_vs_st", summarise(partial))
+    result = summarise(partial)
+    print(json.dumps(result, indent=2))
+    save("sparse_vs_st", result)
 
 
 if __name__ == "__main__":
