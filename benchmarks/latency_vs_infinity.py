@@ -185,7 +185,11 @@ def main() -> None:
     parser.add_argument("--isa", choices=sorted(ISA_CAPS), help="cap every server's torch kernels at this ISA")
     parser.add_argument("--out", help="results file name in benchmarks/results/ (default from --arch and --isa)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     texts = sentences()
+    out = args.out or "latency_vs_infinity" + (f"_{args.arch}" if args.arch != "minilm" else "") + (
+        f"_{args.isa}" if args.isa else "")
     os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                       INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
     os.environ.update(ISA_CAPS.get(args.isa, {}))
@@ -226,6 +230,15 @@ def main() -> None:
                     for key, value in row.items():
                         results[name].setdefault(key, []).append(value)
                     print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
+                # saved after every round: a run stopped part-way (these take up to an hour) keeps its whole rounds
+                summary = summarise(results, args, r + 1)
+                save(out, summary)
+    print(json.dumps({k: v for k, v in summary.items() if k in ("medians", "bertforge_vs_best_peer",
+                                                                 "bertforge_vs_baseline")}, indent=2))
+
+
+def summarise(results: dict[str, dict[str, list[float]]], args: argparse.Namespace, rounds_done: int) -> dict:
+    """Medians over the rounds done, and bertforge's ratios against the peers (> 1 means bertforge leads)."""
     medians = {name: {k: statistics.median(v) for k, v in row.items()} for name, row in results.items()}
 
     def against(peers: list[str]) -> dict[str, float]:
@@ -239,18 +252,15 @@ def main() -> None:
                 ratios[key] = ours / max(medians[p][key] for p in peers)
         return ratios
 
-    ratios = against([n for n in medians if not n.startswith("bertforge")])
     shape = {"minilm": "all-MiniLM-L6-v2"}.get(args.arch) or f"{NAMES[args.arch]}-shaped, random weights"
     result = {"machine": machine(), "model": shape, "isa_caps": ISA_CAPS.get(args.isa, {}), "threads": args.threads,
               "command": "python -m benchmarks.latency_vs_infinity " + " ".join(sys.argv[1:]), "rounds": args.rounds,
-              "single_requests": args.single, "client_seconds": args.seconds, "per_round": results,
-              "medians": medians, "bertforge_vs_best_peer": ratios}
+              "rounds_done": rounds_done, "single_requests": args.single, "client_seconds": args.seconds,
+              "per_round": results, "medians": medians,
+              "bertforge_vs_best_peer": against([n for n in medians if not n.startswith("bertforge")])}
     if args.baseline_src:
         result.update(baseline_src=args.baseline_src, bertforge_vs_baseline=against(["bertforge-baseline"]))
-    print(json.dumps({k: v for k, v in result.items() if k in ("medians", "bertforge_vs_best_peer",
-                                                                "bertforge_vs_baseline")}, indent=2))
-    save(args.out or "latency_vs_infinity" + (f"_{args.arch}" if args.arch != "minilm" else "")
-         + (f"_{args.isa}" if args.isa else ""), result)
+    return result
 
 
 if __name__ == "__main__":
