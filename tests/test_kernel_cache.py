@@ -1,9 +1,11 @@
 """The native kernels' cache (`kernels/build.py`): what names a build, one builder at a time, a killed
 build taken over at once, and a first run that says what it is doing and never goes quiet.
 
-One test here compiles the kernels for real into an empty cache (~45 s on 2 cores), as does the first run's
-in tests/test_first_run.py (a file of its own, so the two compiles run on different test workers): the
-behaviour under test is what a first run and a killed build do, and nothing short of a compile shows it."""
+The killed-build test here runs real builds (ninja, the compiler, the link, the load) of stand-in sources, behind a
+compiler wrapper that holds each compile until the test lets it go: the behaviour under test is the lock, the
+take-over and the waits, which need a compile in progress but not the kernels' ~80 CPU-seconds of it (they cost
+this test 200 s on CI's 2 busy cores). The real kernels are compiled into an empty cache by the first run's test
+in tests/test_first_run.py."""
 
 from __future__ import annotations
 
@@ -115,27 +117,51 @@ class Lines:
 
 
 def _tree(root: Path) -> Path:
-    """A second source tree of this bertforge (its own copy of the package, as a second checkout has)."""
+    """A second source tree of this bertforge (its own copy of the package, as a second checkout has), its kernel
+    sources replaced by stand-ins that compile in milliseconds and define nothing."""
     shutil.copytree(REPO / "src" / "bertforge", root / "bertforge", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in build.SOURCES:
+        stand_in = f"int bertforge_stand_in_{Path(name).stem}() {{ return 0; }}\n"
+        (root / "bertforge" / "kernels" / name).write_text(stand_in)
     return root
+
+
+def _gated_compiler(folder: Path) -> tuple[Path, Path]:
+    """A `CXX` that runs the real compiler, but holds every compile (`-c`) until `gate` exists (at most 10 min):
+    the test decides when a build is mid-compile and when it may finish. Other calls (version checks, the link)
+    pass straight through."""
+    real = shutil.which(os.environ.get("CXX", "c++"))
+    assert real, "no C++ compiler on PATH"
+    gate, wrapper = folder / "gate", folder / "bin" / "c++"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f"""#!/bin/sh
+case " $* " in *" -c "*)
+  i=0
+  while [ ! -e '{gate}' ] && [ $i -lt 12000 ]; do sleep 0.05; i=$((i + 1)); done;;
+esac
+exec '{real}' "$@"
+""")
+    wrapper.chmod(0o755)
+    return wrapper, gate
 
 
 def test_a_killed_build_is_taken_over_at_once_and_two_installs_build_once(tmp_path):
     cache = tmp_path / "cache"
     trees = [_tree(tmp_path / "one"), _tree(tmp_path / "two")]
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache), "PYTHONWARNINGS": "ignore"}
+    cxx, gate = _gated_compiler(tmp_path)
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache), "PYTHONWARNINGS": "ignore", "CXX": str(cxx)}
     command = [sys.executable, "-m", "bertforge", "kernels", "build"]
 
     def start(tree: Path) -> Lines:
         return Lines(command, {**env, "PYTHONPATH": str(tree)}, cwd=tmp_path)
 
-    # A build killed midway: its compilers are running when the whole process group gets SIGKILL.
+    # A build killed midway: its compilers are running (held at the gate) when the whole process group gets SIGKILL.
     first = start(trees[0])
     assert first.wait_for("compiling the native CPU kernels", 120), first.text()
     deadline = time.monotonic() + 60
     while not list(cache.glob("*/build.ninja")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(2)
+    time.sleep(1)
     os.killpg(first.proc.pid, signal.SIGKILL)
     first.finish(30)
     (folder,) = cache.iterdir()
@@ -160,6 +186,7 @@ def test_a_killed_build_is_taken_over_at_once_and_two_installs_build_once(tmp_pa
     assert third.finish(10) == 128 + signal.SIGTERM
     assert "stopped by SIGTERM while waiting" in third.text() and "Traceback" not in third.text(), third.text()
 
+    gate.touch()  # the builder's compiles may finish now
     assert [r.finish(600) for r in runs] == [0, 0], "\n---\n".join(r.text() for r in runs)
     compiles = [r for r in runs if "compiling the native CPU kernels" in r.text()]
     assert compiles == [builder], "\n---\n".join(r.text() for r in runs)  # one build, not two
