@@ -183,10 +183,11 @@ def main() -> None:
                 print(f"seed {seed} {name}: {args.pairs / seconds:.2f} examples/s, nDCG@10 {scored['ndcg@10']:.4f}, "
                       f"non-zeros {scored['nonzero_per_query']:.0f} per query, "
                       f"{scored['nonzero_per_document']:.0f} per document", flush=True)
-                # What a stopped run has measured so far.
-                partial = {"machine": machine(), "pairs": args.pairs,
-                           "seeds": seeds[:len(runs["sentence-transformers"]["seconds"])],  # both trainers done
-                           "mlm_steps": args.mlm_steps, "bm25": lexical, "runs": runs}
+                # What a stopped run has measured so far: the seeds both trainers finished (a file --merge takes).
+                done = len(runs["sentence-transformers"]["seconds"])
+                finished = {name: {k: v[:done] for k, v in r.items()} for name, r in runs.items()}
+                partial = {"machine": machine(), "pairs": args.pairs, "seeds": seeds[:done],
+                           "mlm_steps": args.mlm_steps, "bm25": lexical, "runs": finished}
                 save("sparse_vs_st_partial", partial)
     result = summarise(partial)
     print(json.dumps(result, indent=2))
