@@ -78,3 +78,40 @@ def test_export_never_replaces_a_tokenizer_beside_the_graph_without_overwrite(tm
                              "--out", str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=600)
     assert result.returncode == 2 and "already holds tokenizer.json" in result.stderr, result.stderr
     assert (tmp_path / "tokenizer.json").read_text() == "a user's own file" and not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_exported_attention_is_one_softmax_per_layer_under_one_shared_mask(tmp_path, family):
+    """Attention is exported as scores + additive mask -> softmax -> @ v: no NaN guard (IsNaN, Where) per layer, the
+    bool-to-additive mask built once per layer kind, not once per layer, and a row with no real token stays finite."""
+    import onnx
+
+    from bertforge import ModernBertConfig, ModernBertModel
+    from bertforge.inference.export import export_model
+    from bertforge.models.bert import BertModel
+
+    torch.manual_seed(0)
+    if family == "bert":
+        model, kinds = BertModel(BertConfig.from_preset("L2-H64", vocab_size=500)), 1
+    else:  # layer 0 global, layers 1 and 2 local (window 4 either side)
+        model = ModernBertModel(ModernBertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=3,
+                                                 num_attention_heads=4, intermediate_size=96, local_attention=8,
+                                                 max_position_embeddings=64, pad_token_id=0))
+        kinds = 2
+    out = tmp_path / "m.onnx"
+    report = export_model(model, out)
+    assert report["max_abs_diff_fp32"] <= 1e-4
+    ops = [node.op_type for node in onnx.load(str(out)).graph.node]
+    layers = model.config.num_hidden_layers
+    assert ops.count("Softmax") == layers and "IsNaN" not in ops
+    assert ops.count("Where") <= kinds < layers
+    ids = torch.randint(5, 500, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1] = 0  # a row of padding only
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (hidden, *_) = session.run(None, {"input_ids": ids.numpy(), "token_type_ids": np.zeros_like(ids.numpy()),
+                                      "attention_mask": mask.numpy()})
+    assert np.isfinite(hidden).all()
+    with torch.no_grad():
+        expected = model(ids[:1]).last_hidden_state.numpy()
+    assert np.abs(hidden[:1] - expected).max() <= 1e-4

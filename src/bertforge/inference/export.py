@@ -251,9 +251,14 @@ def export_model(model: torch.nn.Module, out_path: Path, int8: bool = False, ops
 INT8_GROWTH, INT8_SLACK = 3.0, 0.02  # the long rows' int8 error may be 3x the short rows' plus 0.02, no more
 
 
+# Raised when the graph exported for the same weights changes (a release's version does not move with every commit, and
+# a cached graph of the old form would still pass the accuracy check): 2 = attention as an additive-mask softmax.
+GRAPH_FORMAT = 2
+
+
 def weights_key(model: torch.nn.Module) -> str:
     """A hash of everything an export depends on: the architecture, config, every tensor of the state dict (names,
-    dtypes, shapes, bytes) and the torch, onnx and bertforge versions."""
+    dtypes, shapes, bytes), the torch, onnx and bertforge versions and GRAPH_FORMAT."""
     import hashlib
     import json
 
@@ -263,7 +268,7 @@ def weights_key(model: torch.nn.Module) -> str:
 
     h = hashlib.sha256()
     h.update(f"{model.hf_architecture}|{json.dumps(model.config.to_dict(), sort_keys=True, default=str)}|"
-             f"torch {torch.__version__}|onnx {onnx.__version__}|bertforge {__version__}".encode())
+             f"torch {torch.__version__}|onnx {onnx.__version__}|bertforge {__version__}|graph {GRAPH_FORMAT}".encode())
     for name, tensor in model.state_dict().items():
         t = tensor.detach().contiguous().cpu()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
