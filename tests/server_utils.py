@@ -66,9 +66,10 @@ def serving(command: list[str], port: int, ready_path: str = "/health",
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, *flags: str) -> Iterator[tuple[int, subprocess.Popen]]:
-    """`bertforge serve` on 127.0.0.1 and a free port; yields (port, process) once /health answers."""
+def running_server(model_dir: Path, *flags: str, ready_s: float = 120) -> Iterator[tuple[int, subprocess.Popen]]:
+    """`bertforge serve` on 127.0.0.1 and a free port; yields (port, process) once /health answers (within
+    `ready_s`)."""
     port = free_port()
     with serving([sys.executable, "-m", "bertforge", "serve", "--model", str(model_dir), "--port", str(port),
-                  *flags], port) as proc:
+                  *flags], port, ready_s=ready_s) as proc:
         yield port, proc
