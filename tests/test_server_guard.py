@@ -101,3 +101,29 @@ def test_a_draining_server_answers_503_without_the_application():
     sent, _ = run(guard(never, metrics, drain), scope(method="GET", path="/health"), [b""])
     assert sent[0]["status"] == 503 and (b"connection", b"close") in sent[0]["headers"]
     assert counted(metrics) == {("unmatched", "503"): 1.0}
+
+
+def test_serve_moves_what_start_up_made_out_of_the_collectors_reach(monkeypatch):
+    """`serve` freezes the objects start-up made before it takes requests, so that a full collection (114 ms over
+    MiniLM's ~220,000 start-up objects) never walks them while a request waits."""
+    import gc
+    import types
+
+    from bertforge.server import app as app_module
+
+    seen = {}
+    made = [object() for _ in range(1000)]  # stands for the model and the application start-up builds
+
+    class Server:
+        def run(self, sockets):
+            seen["frozen"] = gc.get_freeze_count()
+            sockets[0].close()
+
+    gc.unfreeze()
+    monkeypatch.setattr(app_module, "create_app", lambda *args, **kwargs: types.SimpleNamespace(state=types.SimpleNamespace()))
+    monkeypatch.setattr(app_module, "_draining_server", lambda config, drain, announce: Server())
+    try:
+        app_module.serve("model", port=0)
+        assert seen["frozen"] >= len(made)  # 0 without the freeze
+    finally:
+        gc.unfreeze()
