@@ -132,8 +132,10 @@ def test_two_processes_equal_one_with_the_global_batch(tmp_path, cross_encoder, 
     a, b, start = (load_pretrained(BertForSequenceClassification, p).state_dict()
                    for p in (tmp_path / "one", tmp_path / "two", model))
     # Float rounding (sums in another order, amplified by Adam) leaves ~4e-6 over 3 steps that moved the weights by up
-    # to 1.5e-3; negatives drawn per process instead (the code before this test) left 2e-3.
-    for name in a:
+    # to 1.5e-3; negatives drawn per process instead (the code before this test) left 2e-3. The classifier's bias is
+    # left out: it adds one constant to every score of a query's softmax, so its true gradient is 0 and what Adam
+    # steps on is rounding alone (2.7e-5 apart on an AMD EPYC host, where it moved 1.6e-4 in all).
+    for name in (n for n in a if n != "classifier.bias"):
         torch.testing.assert_close(b[name], a[name], atol=2e-5, rtol=0, msg=lambda m: f"{name}: {m}")
     assert any(not torch.equal(a[n], start[n]) for n in a)
 
