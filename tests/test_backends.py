@@ -115,3 +115,13 @@ def test_serve_takes_the_bf16_backend(minilm_dir):
     served = np.array(body["results"])
     cosine = (eager * served).sum(1) / np.linalg.norm(eager, axis=1) / np.linalg.norm(served, axis=1)
     assert status == 200 and cosine.min() > 0.995 and np.abs(eager - served).max() > 1e-6
+
+
+def test_onnx_runtime_threads_stop_spinning_when_a_run_returns(checkpoints):
+    """Between requests ONNX Runtime's idle threads must not spin against the server's own threads for the cores."""
+    from bertforge.inference import backends
+    from bertforge.interop.hf import family_of, load_pretrained
+
+    encoder = load_pretrained(family_of(checkpoints["masked"]).backbone, checkpoints["masked"]).eval()
+    session = backends.load(encoder, "onnx")._session
+    assert session.get_session_options().get_session_config_entry("session.force_spinning_stop") == "1"
