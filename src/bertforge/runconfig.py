@@ -465,8 +465,10 @@ def check_mini_batch(cfg: Any) -> None:
 class BiEncoderConfig(RetrievalTrainConfig):
     """What `finetune embed` and `finetune sparse` share: texts embedded one by one, with prompts, GradCache."""
 
-    query_prompt: str = setting("", "put before every query (a row's first text), saved as the prompt named 'query'")
-    document_prompt: str = setting("", "put before every other text, saved as the prompt named 'document'")
+    query_prompt: str | None = setting(None, "put before every query (a row's first text), saved as the prompt named "
+                                             "'query' (default: the model directory's query prompt, if it has one)")
+    document_prompt: str | None = setting(None, "put before every other text, saved as the prompt named 'document' "
+                                                "(default: the model directory's document prompt, if it has one)")
     mini_batch_size: int | None = mini_batch_setting()
 
     def __post_init__(self) -> None:
@@ -483,7 +485,8 @@ class EmbedConfig(BiEncoderConfig):
                                      "MultipleNegativesSymmetricRankingLoss, CoSENTLoss (the default for scored pairs), "
                                      "CosineSimilarityLoss, MarginMSELoss (the default for a teacher's scores) or "
                                      "DistillKLDivLoss")
-    similarity: str = setting("cosine", "similarity function: cosine or dot (saved as the model's similarity_fn_name)")
+    similarity: str | None = setting(None, "similarity function: cosine or dot, saved as the model's "
+                                           "similarity_fn_name (default: the directory's, else cosine)")
     pooling: str | None = setting(None, "pooling of a checkpoint without one: mean (default), cls, max, ...; replaces a "
                                         "sentence-transformers directory's")
     normalize: bool = setting(False, "add a Normalize module (a sentence-transformers directory keeps its own)")
@@ -497,7 +500,7 @@ class EmbedConfig(BiEncoderConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.similarity not in ("cosine", "dot"):
+        if self.similarity not in (None, "cosine", "dot"):
             raise ConfigError(f"{flag('similarity')} must be cosine or dot, not {self.similarity!r}")
         if not (math.isfinite(self.scale_lr) and self.scale_lr > 0):
             raise ConfigError(f"{flag('scale_lr')} must be a positive number")

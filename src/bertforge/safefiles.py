@@ -12,6 +12,12 @@ read-only one.
 - `refusing_writes(what, where, intact, cleanup)`: a block whose failures of that kind become one
   `WriteRefused` line saying which path failed, why, and what is intact (`atomic_write`, checkpoints
   and exports all go through it, so a refusal raised deep inside one keeps its reason).
+- `write_text(target, text)` and `write_texts({target: text})`: text files through `atomic_write`; the
+  second writes every temporary file first and renames them only when all are whole, so a set of files
+  (a BEIR folder) is either all new or all as it was.
+- `check_output_file(path, flag, overwrite, reads)`: the rule for a file a command will write, checked
+  before any work: its folder exists and is writable, it is not a folder, it is none of the files the
+  command reads, and it is replaced only with `--overwrite`.
 
 A leaf module: it imports only `errors`.
 """
@@ -88,6 +94,79 @@ def atomic_write(target: str | Path, write: Callable[[str], None]) -> None:
         fsync_path(name)
         os.replace(name, target)
         fsync_path(target.parent)
+
+
+def write_text(target: str | Path, text: str) -> None:
+    """A UTF-8 text file written through `atomic_write`: whole, or the previous file as it was."""
+    atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_texts(files: dict[Path, str]) -> None:
+    """Several UTF-8 text files, each under a temporary name beside it, flushed; renamed into place only once
+    every one is whole. A failure while writing (a full disk) removes the temporaries and leaves every previous
+    file as it was; the renames that follow are metadata only."""
+    written: list[tuple[str, Path]] = []
+
+    def remove_partial() -> None:
+        for tmp, _ in written:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    for target, text in files.items():
+        target = Path(target)
+        kept = "every previous file there is intact" if any(Path(t).exists() for t in files) \
+            else "nothing was written there"
+        with refusing_writes(str(target), target.parent, lambda kept=kept: kept, remove_partial):
+            fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            os.close(fd)
+            written.append((name, target))
+            Path(name).write_text(text, encoding="utf-8")
+            os.chmod(name, 0o666 & ~umask())
+            fsync_path(name)
+    for tmp, target in written:
+        os.replace(tmp, target)
+    for folder in {target.parent for _, target in written}:
+        fsync_path(folder)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _files_read(path: Path) -> list[Path]:
+    """The files an input names: the file itself, or every file under a folder (a BEIR set, a model)."""
+    if path.is_dir():
+        return [p for p in path.rglob("*") if p.is_file()]
+    return [path] if path.exists() else []
+
+
+def check_output_file(path: str | Path, flag: str, overwrite: bool, reads: dict[str, str | None] | None = None) -> Path:
+    """`path` as a file a command may write, or a `BertforgeError` naming `flag` and the path: a folder that is
+    missing or not writable, a folder where a file should be, one of the files the command reads (`reads`: flag ->
+    the file or folder it names), or an existing file without `--overwrite`. Called before any work, so that a
+    mistake costs nothing and never ends in a traceback after it."""
+    target = Path(path)
+    if target.is_dir():
+        raise BertforgeError(f"{flag} {path}: is a folder; name the file to write")
+    folder = target.parent
+    if not folder.is_dir():
+        raise BertforgeError(f"{flag} {path}: the folder {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise BertforgeError(f"{flag} {path}: cannot write in {folder} (permission denied)")
+    for name, item in (reads or {}).items():
+        if not item:
+            continue
+        for source in _files_read(Path(item)):
+            if _same_file(target, source):
+                what = "is" if _same_file(target, Path(item)) else "is a file of"
+                raise BertforgeError(f"{flag} {path} {what} the {name} input {item}; writing there would destroy "
+                                     f"it: choose a {flag} apart from the command's inputs")
+    if target.exists() and not overwrite:
+        raise BertforgeError(f"{path}: exists; pass --overwrite to replace it")
+    return target
 
 
 @contextlib.contextmanager

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 from .data.classification import LABEL_COLUMNS
-from .data.io import read_text
+from .data.io import csv_rows, read_text
 from .data.ner import read_conll, read_sentences, to_iob2
 from .data.qa import check_squad
 from .errors import InputError
@@ -102,7 +101,8 @@ def _labels(path: Path) -> list[str]:
             labels.append(str(label))
         return labels
     if path.suffix == ".csv":
-        rows = list(csv.reader(line for _, line in lines))
+        lines = [(n, row) for n, row in csv_rows(path, read_text(path)) if any(c.strip() for c in row)]
+        rows = [row for _, row in lines]
     elif "\t" in lines[0][1]:
         rows = [line.split("\t") for _, line in lines]
     else:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .safefiles import write_text
+
 
 def plot_curves(metrics_file: Path, out_png: Path, title: str = "training") -> Path | None:
     """Loss curves (train parts and eval) and, when present, eval accuracies, side by side."""
@@ -173,5 +175,5 @@ def write_attention_html(tokens: list[str], attn, out_html: Path) -> Path:
     data = {"tokens": tokens, "attention": [[[[round(float(v), 4) for v in row] for row in head] for head in layer]
                                             for layer in attn]}
     payload = json.dumps(data).replace("</", "<\\/")  # never close the script tag from inside the data
-    Path(out_html).write_text(_HTML.replace("__DATA__", payload), encoding="utf-8")
+    write_text(out_html, _HTML.replace("__DATA__", payload))
     return Path(out_html)

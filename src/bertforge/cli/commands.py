@@ -20,6 +20,7 @@ from ..errors import BertforgeError
 from ..heartbeat import phase
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
+from ..safefiles import check_output_file
 from ..runconfig import (ColbertConfig, DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig,
                          RerankConfig, SparseConfig)
 from .build import command, settings_from
@@ -48,6 +49,13 @@ evaluate_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 app.add_typer(evaluate_app, name="evaluate", help="score a model on labelled data (classify, regress, ner, qa, "
                                                   "retrieval, rerank)")
 app.add_typer(distill_app, name="distill", help="distil a model into a smaller student (classify, regress, ner, qa, mlm)")
+
+
+def at_least_one(**counts: int) -> None:
+    """Refuse a count flag below 1 (--batch-size 0, --top-k 0) before any work, naming the flag."""
+    for name, value in counts.items():
+        if value < 1:
+            raise BertforgeError(f"--{name.replace('_', '-')} {value}: must be at least 1")
 
 
 def show(result: dict[str, Any], json: bool, title: str) -> None:
@@ -349,8 +357,9 @@ def _evaluate_command(task: str) -> None:
         from ..data.classification import Columns
         from ..training.finetune import run_evaluate
 
-        if predictions and Path(predictions).exists() and not overwrite:
-            raise BertforgeError(f"{predictions}: exists; pass --overwrite to replace it")
+        at_least_one(batch_size=batch_size)
+        if predictions:
+            check_output_file(predictions, "--predictions", overwrite, {"--model": model, "--data": data})
         metrics = run_evaluate(task, model, data, seq_len=seq_len, batch_size=batch_size,
                                columns=Columns(text_column, pair_column, label_column), predictions=predictions)
         show(metrics, json, f"{task} on {data}")
@@ -406,8 +415,9 @@ def evaluate_retrieval(*, model: str, data: str, split: str = "test", top_k: int
     """
     from ..retrieval.evaluate import run_retrieval_evaluation
 
-    if run and Path(run).exists() and not overwrite:
-        raise BertforgeError(f"{run}: exists; pass --overwrite to replace it")
+    at_least_one(batch_size=batch_size, top_k=top_k)
+    if run:
+        check_output_file(run, "--run", overwrite, {"--model": model, "--data": data})
     metrics = run_retrieval_evaluation(model, data, split=split, top_k=top_k, batch_size=batch_size, seq_len=seq_len,
                                        query_prompt=query_prompt, document_prompt=document_prompt,
                                        measures=measures, run_file=run)
@@ -438,8 +448,9 @@ def evaluate_rerank(*, model: str, data: str, candidates: str, split: str = "tes
     """
     from ..retrieval.rerank import run_rerank_evaluation
 
-    if run and Path(run).exists() and not overwrite:
-        raise BertforgeError(f"{run}: exists; pass --overwrite to replace it")
+    at_least_one(batch_size=batch_size, top_k=top_k)
+    if run:
+        check_output_file(run, "--run", overwrite, {"--model": model, "--data": data, "--candidates": candidates})
     show(run_rerank_evaluation(model, data, candidates, split=split, top_k=top_k, batch_size=batch_size,
                                measures=measures, run_file=run), json, f"reranking on {data}")
 
@@ -479,8 +490,8 @@ def mine(*, model: str, data: str, out: str, split: str = "train", num_negatives
     """
     from ..retrieval.mine import MineSettings, run_mine
 
-    if Path(out).exists() and not overwrite:
-        raise BertforgeError(f"{out}: exists; pass --overwrite to replace it")
+    at_least_one(batch_size=batch_size)
+    check_output_file(out, "--out", overwrite, {"--model": model, "--data": data, "--cross-encoder": cross_encoder})
     settings = MineSettings(num_negatives, range_min, range_max, absolute_margin, relative_margin, max_score, sampling)
     show(run_mine(model, data, out, settings, split=split, cross_encoder=cross_encoder, batch_size=batch_size,
                   seed=seed, with_scores=scores), json, f"hard negatives written to {out}")
@@ -504,9 +515,7 @@ def squad_retrieval(squad: str, *, out: str, seed: int = 0, overwrite: bool = Fa
     """
     from ..retrieval.squad import squad_retrieval as build
 
-    if (Path(out) / "corpus.jsonl").exists() and not overwrite:
-        raise BertforgeError(f"{out}: holds a retrieval set; pass --overwrite to replace it")
-    show(build(squad, out, seed=seed), json, f"retrieval set written to {out}/")
+    show(build(squad, out, seed=seed, overwrite=overwrite), json, f"retrieval set written to {out}/")
 
 
 @command(app, "predict")
@@ -570,7 +579,7 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
           max_texts: int = 2048, max_chars: int | None = None, auto_truncate: bool = False, batch_wait_ms: float = 0.0,
           max_batch_tokens: int = 16_384,
           max_concurrent_requests: int = 512, api_key: str | None = None,
-          served_model_name: str | None = None, shutdown_grace_s: float = 25.0,
+          served_model_name: str | None = None, shutdown_grace_s: float = 25.0, request_timeout_s: float = 300.0,
           backend: Literal[INFERENCE_BACKENDS] = INFERENCE_BACKENDS[0]) -> None:
     """Serve a model over HTTP, in the APIs its clients already speak: bertforge's, TEI's, the Hugging Face
     Inference API's, OpenAI's, Cohere's and Jina's; metrics; offline API docs.
@@ -601,6 +610,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
         served_model_name: the name /v1/embeddings and /info use (default: the directory's name)
         shutdown_grace_s: on SIGTERM or Ctrl-C, new requests get 503 and those in flight get this many seconds
             to finish before the server exits (0, the default exit status); a second signal stops at once
+        request_timeout_s: a request still unanswered after this many seconds is answered 503 and stopped (its
+            tokenising, its wait for a batch); the server and the other requests go on
         backend: auto (the faster of fused and torch for batches, and ONNX Runtime for one-text requests
             where it is faster there, measured once per machine and model shape and said at start-up),
             fused (oneDNN kernels, eager PyTorch's numbers), torch (eager, as models/bert.py reads), fused-bf16 (the fused path with bf16 matmuls, for
@@ -621,7 +632,8 @@ def serve(*, model: str, host: str = "127.0.0.1", port: int = 8000, max_body_byt
                                          batch_wait_ms=batch_wait_ms, max_batch_tokens=max_batch_tokens,
                                          max_concurrent_requests=max_concurrent_requests,
                                          api_key=api_key or os.environ.get("BERTFORGE_API_KEY") or None,
-                                         served_model_name=served_model_name, backend=backend),
+                                         served_model_name=served_model_name, backend=backend,
+                                         request_timeout_s=request_timeout_s),
                shutdown_grace_s=shutdown_grace_s)
 
 

@@ -7,13 +7,12 @@ or chosen by name or 0-based index. Every row must have the header's number of f
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-from .io import jsonl_records, read_text
+from .io import csv_rows, jsonl_records, read_text
 
 TEXT_COLUMNS = ("sentence", "sentence1", "#1 String", "question1", "question", "text", "premise")
 PAIR_COLUMNS = ("sentence2", "#2 String", "question2", "text_pair", "hypothesis")
@@ -63,11 +62,12 @@ def read_examples(path: str | Path, columns: Columns | None = None, labelled: bo
     else:
         text = read_text(path)
         if path.suffix == ".csv":
-            rows = list(csv.reader(text.splitlines()))
+            numbered = [(n, r if r else [""]) for n, r in csv_rows(path, text)]
         else:
-            rows = [line.split("\t") for line in text.split("\n")]
-            if rows and rows[-1] == [""]:
-                rows.pop()
+            numbered = list(enumerate((line.split("\t") for line in text.split("\n")), 1))
+            if numbered and numbered[-1][1] == [""]:
+                numbered.pop()
+        rows = [r for _, r in numbered]
         if len(rows) < 2:
             raise InputError(f"{path}: empty (no rows after the header)")
         header = [h.strip() for h in rows[0]]
@@ -75,7 +75,7 @@ def read_examples(path: str | Path, columns: Columns | None = None, labelled: bo
         p = _pick(header, columns.pair, PAIR_COLUMNS, "pair", path, False)
         y = _pick(header, columns.label, LABEL_COLUMNS, "label", path, labelled)
         examples = []
-        for number, row in enumerate(rows[1:], 2):
+        for number, row in numbered[1:]:
             if row == [""]:
                 continue
             if len(row) != len(header):

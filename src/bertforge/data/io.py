@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -47,3 +49,22 @@ def jsonl_records(path: str | Path, lines: Iterable[tuple[int, str]],
         if text_key is not None and not isinstance(record.get(text_key), str):
             raise InputError(f"{path}:{number}: no string field '{text_key}'")
         yield number, record
+
+
+def csv_rows(path: str | Path, text: str) -> list[tuple[int, list[str]]]:
+    """(the line a record starts on, its fields) for every record of a CSV file's text, blank lines included as
+    []. The text is parsed whole, never split into lines first: a quoted field may hold a newline, which stays in
+    the field, and the records after it keep their true line numbers. A quote left open is refused by line."""
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    rows = []
+    start = 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return rows
+        except csv.Error as exc:
+            raise InputError(f"{path}:{start}: not valid CSV ({exc})") from None
+        rows.append((start, row))
+        start = reader.line_num + 1
+

@@ -18,7 +18,6 @@ not a number.
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from .io import jsonl_records, read_text
+from .io import csv_rows, jsonl_records, read_text
 
 SCORE_COLUMNS = ("label", "score")
 
@@ -60,8 +59,9 @@ def read_tuples(path: str, split: str = "train") -> TupleData:
     if p.suffix in (".jsonl", ".json"):
         records = list(jsonl_records(path, enumerate(text.splitlines(), 1), None))
         return _from_records(records, path)
-    rows = list(csv.reader(text.splitlines())) if p.suffix == ".csv" else [line.split("\t") for line in text.splitlines()]
-    numbered = [(n, r) for n, r in enumerate(rows, 1) if r and any(c.strip() for c in r)]
+    rows = csv_rows(path, text) if p.suffix == ".csv" else [(n, line.split("\t"))
+                                                            for n, line in enumerate(text.splitlines(), 1)]
+    numbered = [(n, r) for n, r in rows if r and any(c.strip() for c in r)]
     if len(numbered) < 2:
         raise InputError(f"{path}: no rows after the header")
     header = [h.strip() for h in numbered[0][1]]

@@ -313,6 +313,64 @@ def load_for_task(task: str, path: str | Path, accepted: tuple[str, ...]):
     return load_pretrained(ARCHITECTURES[architecture], path)
 
 
+def _shapes(file: Path) -> dict[str, torch.Tensor]:
+    """A weights file's tensors as meta tensors (shape and dtype, no data): a safetensors header, or a
+    `pytorch_model.bin` mapped from disk (`weights_only`, so nothing in it runs)."""
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"{file}: cannot read safetensors ({exc}); the file may be truncated or "
+                                  "corrupt") from None
+    state = read_weights(file, check_finite=False)
+    return {k: torch.empty(v.shape, device="meta") for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def _numel(model: torch.nn.Module) -> int:
+    return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+
+
+def check_config_fits(cls: type, config: Any, path: Path, new_head: bool = False) -> None:
+    """Refuse, before any memory is allocated, a config.json that does not describe the weights beside it or that
+    asks for more memory than this machine has (a hostile `hidden_size: 10000000` would allocate 1.2 TB;
+    `num_hidden_layers: 1000000` would build for hours).
+
+    A copy of the model with one or two of its layers is built on the meta device (shapes only, no data): its
+    shapes are compared with the weights' by transformers' names (`from_hf_state_dict`, the loader's own rule),
+    and its size per layer gives the whole model's size without building it."""
+    import dataclasses
+
+    from ..training.memory import GB, available_bytes
+
+    layers = config.num_hidden_layers
+    few = max(1, getattr(config, "num_hidden_groups", 1))  # ALBERT's groups: its layers share their weights
+    small = [n for n in (few, 2 * few) if n < layers] or [layers]
+    built = []
+    for n in small:
+        with torch.device("meta"):
+            built.append(cls(dataclasses.replace(config, num_hidden_layers=n) if n != layers else config))
+    sizes = [_numel(m) for m in built]
+    per_layer = (sizes[1] - sizes[0]) / (small[1] - small[0]) if len(small) == 2 else 0
+    needed = int(sizes[0] + per_layer * (layers - small[0]))
+    shapes: dict[str, torch.Tensor] = {}
+    for file in weights_files(path):
+        shapes.update(_shapes(file))
+    from_hf_state_dict(built[0], shapes, source=str(path), new_head=new_head)  # a shape the config contradicts
+    held = sum(t.numel() for t in shapes.values())
+    sizes_of = (f"hidden_size {config.hidden_size}, num_hidden_layers {layers}, intermediate_size "
+                f"{config.intermediate_size}, vocab_size {config.vocab_size}")
+    if needed > 2 * held + (1 << 20):  # new heads and a pooler add little; a wrong config adds orders of magnitude
+        raise CheckpointError(f"{path}/config.json asks for {needed:,} parameters ({sizes_of}), but the weights hold "
+                              f"{held:,}: the config does not describe these weights")
+    room, what = available_bytes()
+    if needed * 4 > room:
+        raise CheckpointError(f"{path}/config.json asks for {needed:,} parameters ({sizes_of}): "
+                              f"{needed * 4 / GB:,.1f} GiB in float32, more than the {room / GB:,.1f} GiB {what}")
+
+
 def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
     """Build `cls` from a checkpoint directory and load its weights; log what was missing or unused."""
     path = Path(path)
@@ -327,6 +385,7 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
             if config.id2label and len(config.id2label) != config_overrides["num_labels"]:
                 fields["id2label"] = fields["label2id"] = None
         config = type(config)(**fields)
+    check_config_fits(cls, config, path, new_head="num_labels" in config_overrides)
     model = cls(config)
     state: dict[str, torch.Tensor] = {}
     for file in weights_files(path):

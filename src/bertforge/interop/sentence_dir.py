@@ -74,6 +74,7 @@ class SentencePipeline:
     similarity: str = "cosine"
     prompts: dict[str, str] = field(default_factory=dict)  # every named prompt ("query": "query: ", ...)
     prompt_excluded_by: Path | None = None  # a Pooling config saying include_prompt: false (not implemented)
+    default_prompt_name: str | None = None  # the name of `prompt` among `prompts`
 
     @property
     def pooling(self) -> tuple[str, ...]:
@@ -168,6 +169,7 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
                           "evaluate retrieval reads it (predict and serve do not yet)")
     pipeline = SentencePipeline(steps=[])
     prompt_excluded_by = None  # the Pooling config that says include_prompt: false, if any
+    width = None  # the length of the vectors each module hands on (None while the backbone's width is unknown)
     for i, module in enumerate(sorted(modules, key=lambda m: m.get("idx", 0) if isinstance(m, dict) else 0)):
         if not isinstance(module, dict) or not isinstance(module.get("type"), str):
             raise ConfigError(f"{modules_file}: module {i} has no 'type'")
@@ -180,12 +182,21 @@ def read_sentence_dir(model_dir: str | Path, hidden_size: int | None = None) -> 
         elif kind == "Pooling":
             modes, include_prompt = _pooling(folder, hidden_size)
             pipeline.steps.append(("pool", modes))
+            width = None if hidden_size is None else len(modes) * hidden_size  # the modes are concatenated
             if not include_prompt:
                 prompt_excluded_by = folder / "config.json"
         elif kind == "Dense":
             if not pipeline.steps:
                 raise ConfigError(f"{modules_file}: a Dense module before any Pooling is not supported")
-            pipeline.steps.append(("dense", _dense(folder)))
+            layer = _dense(folder)
+            if width is not None and layer.weight.shape[1] != width:
+                # It would fail in the first matrix product, after the whole model had loaded.
+                before = ("the Dense module before it" if pipeline.steps[-1][0] == "dense" else
+                          f"Pooling over the backbone's hidden_size {hidden_size}")
+                raise ConfigError(f"{folder / 'config.json'}: in_features {layer.weight.shape[1]}, but {before} gives "
+                                  f"vectors of {width}: this Dense module was not trained on this model")
+            pipeline.steps.append(("dense", layer))
+            width = layer.out_features
         elif kind == "Normalize":
             pipeline.steps.append(("normalize", None))
         else:
@@ -285,7 +296,8 @@ def load_sentence_encoder(model_dir: str | Path, pooling: str | None = None, nor
 
 
 def save_sentence_dir(encoder, out: str | Path, tokenizer, max_seq_length: int, prompts: dict[str, str] | None = None,
-                      similarity_fn: str = "cosine", default_prompt_name: str | None = None) -> None:
+                      similarity_fn: str = "cosine", default_prompt_name: str | None = None,
+                      lowercase: bool = False) -> None:
     """Write `encoder` (a `SentenceEncoder`) as a sentence-transformers directory that `SentenceTransformer(out)`
     loads and encodes to the same vectors: the backbone's Hugging Face files at the top, then modules.json,
     sentence_bert_config.json, config_sentence_transformers.json and one folder per module."""
@@ -320,7 +332,7 @@ def save_sentence_dir(encoder, out: str | Path, tokenizer, max_seq_length: int, 
         modules.append(("Normalize", folder))
     write_json(out / "modules.json", [{"idx": i, "name": str(i), "path": path, "type": _MODULE_TYPES[kind]}
                                        for i, (kind, path) in enumerate(modules)])
-    write_json(out / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
+    write_json(out / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": lowercase})
     if default_prompt_name is not None and default_prompt_name not in (prompts or {}):
         raise ConfigError(f"default prompt {default_prompt_name!r} is not one of the prompts")
     write_json(out / "config_sentence_transformers.json", {

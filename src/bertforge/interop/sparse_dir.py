@@ -243,7 +243,8 @@ def load_sparse(model_dir: str | Path, pooling: str | None = None, activation: s
 
 
 def save_sparse_dir(encoder: SpladeEncoder, out: str | Path, tokenizer, max_seq_length: int,
-                    prompts: dict[str, str] | None = None, query_tokenizer=None) -> None:
+                    prompts: dict[str, str] | None = None, query_tokenizer=None,
+                    default_prompt_name: str | None = None) -> None:
     """Write `encoder` as a SparseEncoder directory that `sentence_transformers.SparseEncoder(out)` loads and encodes
     to the same sparse vectors: the masked-LM checkpoint at the top, modules.json, sentence_bert_config.json,
     1_SpladePooling/config.json and config_sentence_transformers.json (prompts, dot similarity, max_active_dims).
@@ -280,7 +281,8 @@ def save_sparse_dir(encoder: SpladeEncoder, out: str | Path, tokenizer, max_seq_
         "max_seq_length": max_seq_length, "do_lower_case": False, "transformer_task": "fill-mask",
         "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
         "module_output_name": "token_embeddings"})
-    config: dict[str, Any] = {"model_type": "SparseEncoder", "prompts": prompts or {}, "default_prompt_name": None,
+    config: dict[str, Any] = {"model_type": "SparseEncoder", "prompts": prompts or {},
+                              "default_prompt_name": default_prompt_name if default_prompt_name in (prompts or {}) else None,
                               "similarity_fn_name": "dot", "__version__": {"bertforge": version()}}
     if encoder.max_active_dims is not None:
         config["max_active_dims"] = encoder.max_active_dims

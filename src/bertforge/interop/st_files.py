@@ -26,6 +26,7 @@ class DirectorySettings:
     similarity: str = "cosine"
     prompts: dict[str, str] = field(default_factory=dict)
     prompt_excluded_by: Path | None = None
+    default_prompt_name: str | None = None
 
 
 def read_json(file: Path) -> Any:
@@ -99,6 +100,7 @@ def read_model_config(model_dir: Path, pipeline: Any, similarities: tuple[str, .
         if name not in prompts:
             raise ConfigError(f"{st_file}: default_prompt_name {name!r} is not one of the prompts")
         pipeline.prompt = prompts[name]
+        pipeline.default_prompt_name = name
         if prompt_excluded_by is not None:  # pooling without the prompt's tokens is not implemented
             raise ConfigError(f"{prompt_excluded_by}: include_prompt false with a default prompt is not supported")
     return st

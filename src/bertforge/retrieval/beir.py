@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..data.io import jsonl_records, read_text
 from ..errors import InputError
+from ..safefiles import write_text
 from .metrics import Run, ranked
 
 
@@ -40,16 +41,21 @@ def document_text(record: dict) -> str:
     return (f"{title} {record['text']}" if isinstance(title, str) else record["text"]).strip()
 
 
-def _ids(path: Path, key: str = "_id") -> dict[str, dict]:
-    """id -> record of a BEIR JSONL file; a missing, empty or duplicate id is refused by line."""
-    out: dict[str, dict] = {}
+def _texts(path: Path, text_of, key: str = "_id") -> dict[str, str]:
+    """id -> text (`text_of(record)`) of a BEIR JSONL file; a missing, empty or duplicate id, and a text that is
+    empty or only whitespace, are refused by line: the rule `data.retrieval` applies to every training row, so a
+    text that could teach or retrieve nothing is refused the same way whichever file it comes from."""
+    out: dict[str, str] = {}
     for number, record in jsonl_records(path, enumerate(read_text(path).splitlines(), 1), "text"):
         rid = record.get(key)
         if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid) == "":
             raise InputError(f"{path}:{number}: no '{key}' (a string or integer id)")
         if str(rid) in out:
             raise InputError(f"{path}:{number}: duplicate {key} {rid!r}")
-        out[str(rid)] = record
+        text = text_of(record)
+        if not text.strip():
+            raise InputError(f"{path}:{number}: {key} {rid!r} has an empty text")
+        out[str(rid)] = text
     if not out:
         raise InputError(f"{path}: no records")
     return out
@@ -100,8 +106,8 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalSet:
     if not qrels_file.is_file():
         have = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if (folder / "qrels").is_dir() else []
         raise InputError(f"{qrels_file}: missing (splits here: {', '.join(have) or 'none'}); choose one with --split")
-    corpus = {d: document_text(r) for d, r in _ids(folder / "corpus.jsonl").items()}
-    queries = {q: r["text"] for q, r in _ids(folder / "queries.jsonl").items()}
+    corpus = _texts(folder / "corpus.jsonl", document_text)
+    queries = _texts(folder / "queries.jsonl", lambda r: r["text"])
     return RetrievalSet(corpus, queries, read_qrels(qrels_file, queries, corpus), str(folder))
 
 
@@ -143,7 +149,7 @@ def write_run(run: Run, path: str | Path, name: str = "bertforge") -> None:
             if not math.isfinite(score):
                 raise ValueError(f"query {qid!r}: document {did!r} has score {score}")
             lines.append(f"{qid} Q0 {did} {rank} {score!r} {name}\n")
-    Path(path).write_text("".join(lines), encoding="utf-8")
+    write_text(path, "".join(lines))
 
 
 def read_run(path: str | Path) -> dict[str, dict[str, float]]:
@@ -159,8 +165,33 @@ def read_run(path: str | Path) -> dict[str, dict[str, float]]:
         try:
             score = float(cols[4])
         except ValueError:
-            raise InputError(f"{path}:{number}: score {cols[4]!r} is not a number") from None
+            score = math.nan
+        if not math.isfinite(score):  # a NaN would rank by NaN comparisons, which order nothing
+            raise InputError(f"{path}:{number}: score {cols[4]!r} is not a finite number")
         if cols[2] in run.setdefault(cols[0], {}):
             raise InputError(f"{path}:{number}: query {cols[0]!r} retrieves {cols[2]!r} twice")
         run[cols[0]][cols[2]] = score
     return run
+
+
+def candidates_for(data: RetrievalSet, path: str | Path) -> dict[str, dict[str, float]]:
+    """A first stage's run file (`read_run`) for reranking `data`'s judged queries: a run that ranks none of them
+    (another split's or set's, or an empty file) is refused, since every measure would be 0 for no reason the
+    figures show; one that misses some is said in a warning, as those queries score 0."""
+    run = read_run(path)
+    judged = data.judged_queries()
+    covered = [q for q in judged if run.get(q)]
+    if not covered:
+        named = ", ".join(repr(q) for q in list(run)[:3]) or "none"
+        raise InputError(f"{path}: ranks none of the {len(judged):,} judged queries of {data.source} (it ranks "
+                         f"{len(run):,} queries: {named}{', ...' if len(run) > 3 else ''}); give the run of these "
+                         "queries, e.g. from bertforge evaluate retrieval --run on the same set and split")
+    if len(covered) < len(judged):
+        import logging
+
+        missing = next(q for q in judged if not run.get(q))
+        logging.getLogger("bertforge").warning(
+            "%s ranks %d of the %d judged queries (not %r, ...): the others have no candidates and score 0",
+            path, len(covered), len(judged), missing)
+    return run
+

@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import InputError
 from ..inference.pipelines import relevance
 from ..tokenization.tokenizer import Tokenizer
-from .beir import RetrievalSet, read_run, write_run
+from .beir import RetrievalSet, candidates_for, write_run
 from .evaluate import check_measures, read_retrieval_set
 from .metrics import evaluate_run, ranked
 
@@ -46,9 +46,9 @@ def run_rerank_evaluation(model_dir: str, data_path: str, candidates: str, split
     if head.kind != "sequence-classification":
         raise InputError(f"{model_dir}: a {head.cls.hf_architecture}, not a cross-encoder (a sequence-classification "
                          "model scoring (query, passage) pairs)")
-    model = head.cls.from_pretrained(model_dir).eval()
     data = read_retrieval_set(data_path, split)
-    first = read_run(candidates)
+    first = candidates_for(data, candidates)
+    model = head.cls.from_pretrained(model_dir).eval()
     run = rerank_run(model, load_tokenizer(model_dir), data, first, top_k, batch_size,
                      cross_encoder_activation(model_dir))
     if run_file:

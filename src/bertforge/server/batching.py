@@ -102,7 +102,9 @@ class TokenBatcher:
             self.observe(len(flat), sum(t for _, t, _ in batch))
             try:
                 results: list[Any] = await loop.run_in_executor(None, self.run, flat)
-            except Exception as exc:  # one bad batch must not stop the service
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # one bad batch must not stop the service (a Rust panic is a BaseException)
                 for _, _, future in batch:
                     if not future.done():
                         future.set_exception(exc)

@@ -174,6 +174,17 @@ def field_path(loc: tuple | list) -> str:
     return out
 
 
+# The shapes a field of several shapes is told apart by (`schemas.choose`), in a client's words.
+SHAPES = {"one": "one text", "many": "a list of texts", "ids": "a list of token ids",
+          "nested": "a list of lists (token ids, or text pairs)", "text": "a text", "object": "an object"}
+
+
+def _shape_words(tag: str) -> str:
+    name = tag.strip().strip("'")
+    name = name[len(DIALECT):] if name.startswith(DIALECT) else name
+    return SHAPES.get(name, name)
+
+
 def describe(error: dict[str, Any], what: dict[str, str] | None = None) -> tuple[int, str, str | None, str]:
     """(status, message, field, TEI kind) for one pydantic error, in TEI's status codes.
 
@@ -200,6 +211,10 @@ def describe(error: dict[str, Any], what: dict[str, str] | None = None) -> tuple
         return 400, f"{field} is empty or blank", field, "empty"
     if kind == "string_pattern_mismatch":
         return 422, f"{field} {what.get('pattern', 'does not have the form this field needs')}", field, "validation"
+    if kind == "union_tag_invalid":  # a value of a shape this field does not take: named in the user's terms
+        taken = [_shape_words(t) for t in str(ctx.get("expected_tags", "")).split(",") if t.strip()]
+        return 422, (f"{field} is {_shape_words(str(ctx.get('tag', '')))}; this route takes "
+                     f"{' or '.join(taken) or 'another shape'}"), field, "validation"
     if kind == "missing":
         return 422, f"{field} is required", field, "validation"
     if kind == "extra_forbidden":

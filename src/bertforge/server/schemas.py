@@ -193,6 +193,9 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
     class TEIEmbed(TEIEmbedAll):
         """TEI's body of /embed, and the Inference API's feature-extraction (`parameters`)."""
 
+        inputs: choose(_shape_of_list, one=Long, many=LongList, ids=Ids, nested=IdLists) = Field(
+            ..., description="one text, a list of texts, or token ids of this model's vocabulary (a list, or a list "
+                             "of lists), used as given, as TEI takes them")
         normalize: bool = Field(True, description="L2-normalise the vectors")
         dimensions: Dimensions = Field(None, description="keep the first N dimensions (then normalise)")
         prompt_name: PromptName = PROMPT_NAME
@@ -336,7 +339,10 @@ def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", d
     class Document(Body):
         text: Long
 
-    Documents = Annotated[list[Long | Document], Field(min_length=1, max_length=max_texts)]
+    # A text or a {"text"} object, chosen by its shape: a wrong object is then called what it lacks, not what the
+    # other shape would have wanted.
+    DocumentItem = choose(lambda v: "object" if isinstance(v, dict) else "text", text=Long, object=Document)
+    Documents = Annotated[list[DocumentItem], Field(min_length=1, max_length=max_texts)]
 
     class CohereRerank(Body):
         """Cohere's (and Jina's) rerank body: answers {results: [{index, relevance_score}], ...}."""

@@ -8,7 +8,10 @@ threads, and a `tokenizers` backend keeps truncation settings as state.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,6 +39,7 @@ class Limits:
     api_key: str | None = None
     served_model_name: str | None = None
     backend: str = INFERENCE_BACKENDS[0]
+    request_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens < 512:
@@ -45,6 +49,8 @@ class Limits:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1")
         if self.batch_wait_ms < 0:
             raise InputError("--batch-wait-ms must be >= 0")
+        if not self.request_timeout_s > 0:
+            raise InputError("--request-timeout-s must be positive")
 
 
 CHARS_PER_POSITION = 20  # well above any tokenizer's characters per token: the limit is for abuse, not for text
@@ -109,6 +115,10 @@ class Service:
         self.tokenizer = load_tokenizer(weights_dir)
         self.counter = load_tokenizer(weights_dir)
         self.counter_lock = threading.Lock()
+        # Token counting, /tokenize and /decode run here, never on the event loop: a slow tokenizer (a backtracking
+        # regular expression in a hostile tokenizer.json takes seconds per text) would stall every request and
+        # /health. The tokenizers library releases the GIL while it encodes a batch, so the loop runs on meanwhile.
+        self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertforge-tokenize")
 
         self.splade = self.colbert = None
         if is_sparse_dir(model_dir):  # a SPLADE model: sparse vectors (/embed_sparse), never dense ones
@@ -176,6 +186,14 @@ class Service:
         if "rerank" in self.tasks and self.config.num_labels == 1:  # TEI's rule: one logit is a reranker
             return "reranker"
         return "classifier" if "classify" in self.tasks else "embedding"
+
+    async def off_loop(self, work: Callable[..., Any], *args: Any) -> Any:
+        """`work(*args)` (tokenizer work) in the tokenizing thread, awaited: the event loop stays free."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, functools.partial(work, *args))
+
+    async def tokens(self, texts: list[str | list[int]], pairs: list[str] | None = None) -> list[int]:
+        """`token_counts`, off the event loop."""
+        return await self.off_loop(self.token_counts, texts, pairs)
 
     def token_counts(self, texts: list[str | list[int]], pairs: list[str] | None = None) -> list[int]:
         """Tokens per input, special tokens included and nothing truncated; a token-id input counts its ids."""

@@ -31,7 +31,7 @@ from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..tokenization.tokenizer import Tokenizer
 from .embedding import EmbeddingTask, Prompts
-from .embedding_losses import ROWS, SCORED_TUPLES, cached_calls, embed_rows, gather, resolve_loss
+from .embedding_losses import ROWS, SCORED_TUPLES, cached_calls, check_negatives, embed_rows, gather, resolve_loss
 
 # PyLate's losses by class name: the rows each trains on.
 COLBERT_LOSSES = {"Contrastive": ROWS, "Distillation": SCORED_TUPLES}
@@ -197,6 +197,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Colb
 
     data = read_tuples(train_path, cfg.train_split)
     loss = resolve_loss(cfg.loss, data, COLBERT_LOSSES, COLBERT_ALIASES, COLBERT_DEFAULTS)
+    check_negatives(loss, COLBERT_LOSSES, data, cfg.batch_size)
     if loss == "Distillation" and len(data.columns) < 4:
         # Min-max normalised per row, two scores are 0 and 1 whatever the model: the loss would have no gradient
         # (PyLate trains nothing from such rows, silently).

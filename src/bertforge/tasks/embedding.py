@@ -9,7 +9,8 @@ retrieval on a BEIR folder (or pairs), nDCG@10 selecting the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,7 +25,9 @@ from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import ALIASES, DEFAULT_LOSS, LOSSES, cached, process_group, resolve_loss
+from .embedding_losses import ALIASES, DEFAULT_LOSS, LOSSES, cached, check_negatives, process_group, resolve_loss
+
+log = logging.getLogger("bertforge")
 
 # The losses whose scale `--learn-scale` trains: a softmax over the batch, as CLIP's. CoSENT's would only grow.
 LEARNABLE_SCALE = ("MultipleNegativesRankingLoss", "MultipleNegativesSymmetricRankingLoss")
@@ -32,14 +35,49 @@ LEARNABLE_SCALE = ("MultipleNegativesRankingLoss", "MultipleNegativesSymmetricRa
 
 @dataclass
 class Prompts:
-    """What is put before queries (a row's first column) and documents (every other column)."""
+    """What is put before queries (a row's first column) and documents (every other column), and the named prompts
+    the trained directory keeps: each side under the name the model came with ("passage", "search_query", ...; else
+    "query" and "document"), every other prompt of the model as it was, and its default prompt's name."""
 
     query: str = ""
     document: str = ""
+    names: tuple[str, str] = ("query", "document")
+    others: dict[str, str] = field(default_factory=dict)
+    default_name: str | None = None
 
     def named(self) -> dict[str, str]:
         """sentence-transformers' `prompts` of a directory: the names `encode(prompt_name=...)` takes."""
-        return {name: text for name, text in (("query", self.query), ("document", self.document)) if text}
+        sides = {name: text for name, text in zip(self.names, (self.query, self.document)) if text}
+        return {**self.others, **sides}
+
+
+def resolve_prompts(query: str | None, document: str | None, own: dict[str, str],
+                    default_name: str | None = None) -> Prompts:
+    """The prompts a run trains and saves with: the model directory's own (`own`, its named prompts; a side's prompt
+    found by the names that side goes by, as `evaluate retrieval` finds them), each replaced by its flag when one is
+    given (None: not given). A flag that changes the directory's prompt says so in a warning."""
+    from ..interop.sentence_dir import PROMPT_SIDES
+
+    texts, names = [], []
+    for side, given in (("query", query), ("document", document)):
+        name = next((n for n in PROMPT_SIDES[side] if n in own), side)
+        kept = own.get(name, "")
+        if given is not None and given != kept and kept:
+            log.warning("--%s-prompt %r replaces the model's prompt %r (%r)", side, given, name, kept)
+        texts.append(kept if given is None else given)
+        names.append(name)
+    others = {k: v for k, v in own.items() if k not in names}
+    if default_name in names and not texts[names.index(default_name)]:
+        default_name = None  # its prompt was removed (--query-prompt ""): no default is left to name
+    return Prompts(texts[0], texts[1], (names[0], names[1]), others, default_name)
+
+
+def resolve_similarity(given: str | None, own: str | None) -> str:
+    """The run's similarity: --similarity when given (said when it changes the directory's `similarity_fn_name`),
+    else the directory's, else cosine (sentence-transformers' default)."""
+    if given is not None and own is not None and given != own:
+        log.warning("--similarity %s replaces the model's similarity_fn_name %s", given, own)
+    return given or own or "cosine"
 
 
 def loss_name(name: str | None, data: TupleData) -> str:
@@ -202,7 +240,8 @@ class EmbeddingTask:
         """The trained encoder as a sentence-transformers directory, prompts and similarity included."""
         from ..interop.sentence_dir import save_sentence_dir
 
-        save_sentence_dir(model, out, tokenizer, self.seq_len, self.prompts.named(), self.similarity)
+        save_sentence_dir(model, out, tokenizer, self.seq_len, self.prompts.named(), self.similarity,
+                          self.prompts.default_name, lowercase=getattr(self, "lowercase", False))
         if model.log_scale is not None:  # for the model card: where the learned scale ended
             self.learned_scale = float(model.scale())
 
@@ -225,14 +264,21 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
 
     data = read_tuples(train_path, cfg.train_split)
     loss = loss_name(cfg.loss, data)
+    check_negatives(loss, {n: rows for n, (_, rows, _) in LOSSES.items()}, data, cfg.batch_size)
     if model is None:
         model = load_sentence_encoder(cfg.model, cfg.pooling, True if cfg.normalize else None)
+    sentence = read_sentence_dir(cfg.model)  # None for a plain checkpoint: then only the flags decide
     if not cfg.seq_len_given:  # a sentence-transformers directory's own max_seq_length, as it trains by default
-        sentence = read_sentence_dir(cfg.model)
         # sentence-transformers 6 keeps it as the tokenizer's model_max_length; older versions in sentence_bert_config.
         own = sentence and (sentence.max_length or min(tokenizer.model_max_length, 1 << 30))
         if own:
             cfg.seq_len = min(own, model.config.max_sequence_length)
+    # Every setting the directory carries is kept unless a flag changes it: its prompts (and default), similarity
+    # and lower-casing, as its pooling, Dense layers and normalisation are by `load_sentence_encoder`.
+    prompts = resolve_prompts(cfg.query_prompt, cfg.document_prompt, sentence.prompts if sentence else {},
+                              sentence.default_prompt_name if sentence else None)
+    similarity = resolve_similarity(cfg.similarity, sentence.similarity if sentence else None)
+    lowercase = bool(sentence and sentence.lowercase)
     if cfg.learn_scale:
         if loss not in LEARNABLE_SCALE:
             raise InputError(f"--learn-scale: {loss}'s scale is fixed; it is learned for "
@@ -245,7 +291,8 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
     if dims and dims[0] > model.dimension:
         raise InputError(f"--matryoshka-dims {cfg.matryoshka_dims}: {dims[0]} is more than the model's "
                          f"{model.dimension} dimensions")
-    task = EmbeddingTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size,
-                         cfg.seed, loss, cfg.scale, cfg.similarity, Prompts(cfg.query_prompt, cfg.document_prompt),
-                         mini_batch_size=cfg.mini_batch_size, dims=dims)
+    task = EmbeddingTask(data, read_retrieval_set(dev_path, cfg.dev_split),
+                         tokenizer.lowercased() if lowercase else tokenizer, cfg.seq_len, cfg.batch_size,
+                         cfg.seed, loss, cfg.scale, similarity, prompts, mini_batch_size=cfg.mini_batch_size, dims=dims)
+    task.lowercase = lowercase
     return model, task

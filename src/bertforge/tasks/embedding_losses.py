@@ -181,6 +181,27 @@ def resolve_loss(name: str | None, data, rows_of: dict[str, str], aliases: dict[
     return full
 
 
+def check_negatives(loss: str, rows_of: dict[str, str], data, batch_size: int, drawn: int | None = None) -> None:
+    """Refuse a run whose in-batch loss has nothing to contrast: `loss` trains on (anchor, positive[, negatives])
+    rows by the other rows of its batch, so pairs (no negative column) in a global batch of one row (`batch_size`
+    per process, times the processes of a torchrun job) give loss 0 and gradient 0 at every step. `drawn`: for a
+    reranker, how many of the other rows' passages each query draws (0 draws none, whatever the batch)."""
+    from ..errors import InputError
+
+    if rows_of.get(loss) != ROWS or len(data.columns) > 2:
+        return
+    world = process_group()[0]
+    if drawn == 0:
+        raise InputError(f"--num-negatives 0: {loss} on {data.source}'s pairs (no negative column) would have no "
+                         "negative for any query, so loss 0 and gradient 0 at every step; draw in-batch negatives "
+                         "(--num-negatives 1 or more) or add negative columns")
+    if batch_size * world < 2:
+        raise InputError(f"--batch-size {batch_size}: {loss} contrasts each query's positive with the other rows of "
+                         f"its batch, and {data.source} holds pairs (no negative column): with one row a batch there "
+                         "is no negative, so loss 0 and gradient 0 at every step. Use --batch-size 2 or more, or add "
+                         "negative columns (mine them with bertforge mine)")
+
+
 def cached(model: torch.nn.Module, inputs: dict[str, torch.Tensor], mini_batch_size: int,
            loss_of: Callable[[torch.Tensor], torch.Tensor], loss_params: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """GradCache (Gao et al., 2021; sentence-transformers' Cached* losses): the loss of a batch far larger than

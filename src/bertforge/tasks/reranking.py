@@ -17,13 +17,14 @@ import torch.nn.functional as F
 from ..data.batching import collate
 from ..data.retrieval import TupleData, read_tuples
 from ..errors import InputError
-from ..retrieval.beir import RetrievalSet, read_run
+from ..retrieval.beir import RetrievalSet, candidates_for
 from ..retrieval.evaluate import read_retrieval_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.tokenizer import Tokenizer
 from .embedding import global_batches, rank_rows
-from .embedding_losses import ROWS, SCORED_PAIRS, SCORED_TUPLES, margin_targets, process_group, resolve_loss
+from .embedding_losses import (ROWS, SCORED_PAIRS, SCORED_TUPLES, check_negatives, margin_targets, process_group,
+                               resolve_loss)
 
 # name -> the rows it trains on. sentence-transformers' cross-encoder loss names.
 RERANK_LOSSES = {"BinaryCrossEntropyLoss": SCORED_PAIRS, "MultipleNegativesRankingLoss": ROWS,
@@ -154,6 +155,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None)
 
     data = read_tuples(train_path, cfg.train_split)
     loss = rerank_loss_name(cfg.loss, data)
+    check_negatives(loss, RERANK_LOSSES, data, cfg.batch_size, drawn=cfg.num_negatives)
     if model is None:
         cls = family_of(cfg.model).head("sequence-classification")
         if read_config(cfg.model).num_labels != 1 or cls.hf_architecture not in _architectures(Path(cfg.model)):
@@ -164,7 +166,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None)
     if not cfg.candidates:
         raise InputError("--candidates is required: the first stage's ranking of the --dev queries (a TREC run "
                          "file, e.g. from bertforge evaluate retrieval --run)")
-    task = RerankTask(data, dev, read_run(cfg.candidates), tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed, loss,
+    task = RerankTask(data, dev, candidates_for(dev, cfg.candidates), tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed, loss,
                       cfg.num_negatives, cfg.scale if cfg.scale is not None else 10.0, cfg.pos_weight, cfg.rerank_top_k)
     return model, task
 

@@ -27,9 +27,9 @@ from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..retrieval.sparse_index import InvertedIndex
 from ..tokenization.tokenizer import Tokenizer
-from .embedding import EmbeddingTask, Prompts
-from .embedding_losses import (ROWS, SCORED_PAIRS, SCORED_TUPLES, cosent, distill_kl_div, gather, margin_mse,
-                               multiple_negatives_ranking, resolve_loss)
+from .embedding import EmbeddingTask, resolve_prompts
+from .embedding_losses import (ROWS, SCORED_PAIRS, SCORED_TUPLES, check_negatives, cosent, distill_kl_div, gather,
+                               margin_mse, multiple_negatives_ranking, resolve_loss)
 
 # sentence-transformers' sparse losses: (function, rows, default scale, the similarity it compares with).
 SPARSE_LOSSES: dict[str, tuple[Callable[..., torch.Tensor], str, float, str]] = {
@@ -128,7 +128,8 @@ class SparseTask(EmbeddingTask):
         from ..interop.sparse_dir import save_sparse_dir
 
         save_sparse_dir(model, out, tokenizer, self.seq_len, self.prompts.named(),
-                        None if self.query_tokenizer is self.tokenizer else self.query_tokenizer)
+                        None if self.query_tokenizer is self.tokenizer else self.query_tokenizer,
+                        self.prompts.default_name)
 
 
 def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: SpladeEncoder | None = None):
@@ -139,15 +140,19 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Spla
     from ..tokenization.kinds import load_tokenizer
 
     data = read_tuples(train_path, cfg.train_split)
-    loss = resolve_loss(cfg.loss, data, {n: rows for n, (_, rows, _, _) in SPARSE_LOSSES.items()}, SPARSE_ALIASES,
-                        SPARSE_DEFAULTS)
+    rows_of = {n: rows for n, (_, rows, _, _) in SPARSE_LOSSES.items()}
+    loss = resolve_loss(cfg.loss, data, rows_of, SPARSE_ALIASES, SPARSE_DEFAULTS)
+    check_negatives(loss, rows_of, data, cfg.batch_size)
     if model is None:
         model = load_splade(cfg.model, cfg.pooling, cfg.activation, cfg.inference_free)
     if cfg.max_active_dims is not None:
         model.max_active_dims = cfg.max_active_dims
     query_tokenizer, query_length = None, None
+    spec = read_sparse_dir(cfg.model) if is_sparse_dir(cfg.model) else None
+    # The directory's prompts (and default) are kept unless a flag changes one, as `finetune embed` keeps them.
+    prompts = resolve_prompts(cfg.query_prompt, cfg.document_prompt, spec.prompts if spec else {},
+                              spec.default_prompt_name if spec else None)
     if model.inference_free:
-        spec = read_sparse_dir(cfg.model) if is_sparse_dir(cfg.model) else None
         if spec is not None and spec.query_dir is not None:  # the directory's own query tokenizer and its limit
             query_tokenizer = load_tokenizer(spec.query_dir)
             query_length = query_tokenizer.model_max_length
@@ -157,7 +162,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Spla
         raise ConfigError(f"{flag('query_lr')} is the rate of an inference-free model's query weights; add "
                           f"{flag('inference_free')}")
     task = SparseTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size,
-                      cfg.seed, loss, cfg.scale, SPARSE_LOSSES[loss][3], Prompts(cfg.query_prompt, cfg.document_prompt),
+                      cfg.seed, loss, cfg.scale, SPARSE_LOSSES[loss][3], prompts,
                       mini_batch_size=cfg.mini_batch_size, query_weight=cfg.query_regularizer_weight,
                       document_weight=cfg.document_regularizer_weight, static_queries=model.inference_free,
                       query_tokenizer=query_tokenizer, query_length=query_length)

@@ -157,15 +157,32 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def _tensor_file(file: Path, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A checkpoint's torch file (the optimizer's state, the RNG states): read with `weights_only=True`, which
+    refuses to run what a crafted pickle holds; that refusal, a damaged file and a file without `keys` are one
+    line naming the file."""
+    import pickle
+
+    try:
+        tensors = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{file}: refused to load: it holds more than tensors and plain values, which no "
+                              f"bertforge checkpoint does, and unpickling it could run code "
+                              f"({str(exc).splitlines()[0]}); resume from a checkpoint you trust") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"{file}: cannot read checkpoint ({exc})") from None
+    missing = [k for k in keys if not isinstance(tensors, dict) or k not in tensors]
+    if missing:
+        raise CheckpointError(f"{file}: not a bertforge checkpoint's state (no '{missing[0]}')")
+    return tensors
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore model, optimizer and RNG states from `path`; returns the trainer state dict."""
     from ..interop.hf import from_hf_state_dict, read_weights
 
     state = read_trainer_state(path)
-    try:
-        tensors = torch.load(path / "training_state.pt", map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: cannot read checkpoint ({exc})") from None
+    tensors = _tensor_file(path / "training_state.pt", ("optimizer", "torch_rng"))
     # A model of several parts (ELECTRA's generator and discriminator) keeps each in its own subfolder.
     parts = model.checkpoint_parts() if hasattr(model, "checkpoint_parts") else {"": model}
     for sub, part in parts.items():
@@ -191,10 +208,7 @@ def load_rank_rng(path: Path, rank: int, world: int) -> None:
     file = path / "rank_rng.pt"
     if not file.is_file():
         return
-    try:
-        states = torch.load(file, map_location="cpu", weights_only=True)["torch_rng"]
-    except (OSError, RuntimeError, KeyError) as exc:
-        raise CheckpointError(f"{file}: cannot read ({exc})") from None
+    states = _tensor_file(file, ("torch_rng",))["torch_rng"]
     if len(states) == world:
         torch.set_rng_state(states[rank])
 

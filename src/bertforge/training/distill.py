@@ -43,6 +43,7 @@ from ..errors import BertforgeError
 from ..inference.backends import load as load_backend
 from ..interop.hf import heads_from_checkpoint, load_for_task, read_config
 from ..jsonfile import dumps
+from ..safefiles import write_text
 from ..models.distillation import cut_down, student_layers
 from ..models.registry import TASK_ARCHITECTURES
 from ..runconfig import DistillConfig, fit_seq_len
@@ -215,7 +216,7 @@ def _run_one(cfg: DistillConfig, out: Path) -> dict[str, Any]:
         if teacher_scores[task.main_metric] else None,
         "speedup_fused": round(speed["student"] / speed["teacher"], 3),
     })
-    (out / "eval_results.json").write_text(dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_text(out / "eval_results.json", dumps(results, indent=2) + "\n")
     return results
 
 

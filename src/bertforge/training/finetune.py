@@ -26,6 +26,7 @@ from ..interop.hf import heads_from_checkpoint, load_for_task, read_config, save
 from ..jsonfile import dumps
 from ..models.config import BertConfig
 from ..models.registry import TASK_ARCHITECTURES
+from ..safefiles import write_text
 from ..runconfig import TASKS, FinetuneConfig, TrainConfig, check_seq_len, fit_seq_len  # noqa: F401  (TASKS re-exported)
 from ..tasks import TASKS as TASK_BUILDERS
 from ..tokenization.kinds import load_tokenizer
@@ -89,7 +90,7 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
         model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
     results = train_and_export(cfg, out, model, task, tokenizer)
     if dist.is_main():
-        (out / "eval_results.json").write_text(dumps(results, indent=2) + "\n", encoding="utf-8")
+        write_text(out / "eval_results.json", dumps(results, indent=2) + "\n")
     return results
 
 
@@ -125,7 +126,9 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
         results["compile_seconds"] = round(summary["compile_seconds"], 1)
     if summary.get("kernel_compile_seconds") is not None:  # a first run on this machine: not in `seconds`
         results["kernel_compile_seconds"] = round(summary["kernel_compile_seconds"], 1)
-    if cfg.task in ("embed", "rerank", "sparse", "colbert") and dist.is_main():  # the card sentence-transformers users expect beside it
+    from .model_card import CARD_TASKS
+
+    if cfg.task in CARD_TASKS and dist.is_main():  # the card sentence-transformers users expect beside it
         from .model_card import write_model_card
 
         write_model_card(out, cfg, task, results)
@@ -168,7 +171,7 @@ def run_seeds(cfg: FinetuneConfig, run_one: Callable[[Any, Path], dict[str, Any]
                **{k: {"mean": statistics.mean(r[k] for r in runs),
                       "std": statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0} for k in keys}}
     if dist.is_main():
-        (out / "eval_results.json").write_text(dumps(summary, indent=2) + "\n", encoding="utf-8")
+        write_text(out / "eval_results.json", dumps(summary, indent=2) + "\n")
         report(summary, as_json, title=f"{what} done over {len(seeds)} seeds (mean and std)")
     return summary
 
@@ -191,12 +194,12 @@ def run_evaluate(task: str, model_dir: str, data: str, seq_len: int | None = Non
     model.eval()
     metrics = scorer.evaluate(model)
     if predictions and task == "qa":  # the official format: question id -> answer text
-        Path(predictions).write_text(dumps(scorer.answers(model)[0]) + "\n", encoding="utf-8")
+        write_text(predictions, dumps(scorer.answers(model)[0]) + "\n")
     elif predictions:
         if task == "ner":
             rows = [{"tags": t} for t in scorer.word_tags(model, scorer.dev)]
         else:
             values = scorer.predictions(model, scorer.dev)
             rows = [{"value": v} if task == "regress" else {"label": model.config.id2label[v]} for v in values]
-        Path(predictions).write_text("".join(dumps(r) + "\n" for r in rows), encoding="utf-8")
+        write_text(predictions, "".join(dumps(r) + "\n" for r in rows))
     return metrics

@@ -3,6 +3,9 @@
 sentence-transformers writes such a card beside every model it saves, and the Hugging Face Hub shows it;
 this one carries the facts a reader needs to reuse or reproduce the model, from the run's own settings
 and results (nothing in it is typed by hand).
+
+A card says it is bertforge's (`MARKER`, after the front matter the Hub reads), so that a later run with
+`--overwrite` replaces its own card and never a README.md the user wrote (`is_bertforge_card`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,23 @@ from pathlib import Path
 from typing import Any
 
 from ..jsonfile import dumps
+from ..safefiles import write_text
+
+CARD_TASKS = ("embed", "rerank", "sparse", "colbert")  # the finetune tasks whose output carries a model card
+MARKER = "<!-- This model card was written by bertforge; a run with --overwrite replaces it. -->"
+
+
+def is_bertforge_card(path: Path) -> bool:
+    """Whether `path` (an existing README.md) is a card bertforge wrote: its marker, or the shape of the cards
+    written before the marker was (a front matter tagged bertforge and the "trained with bertforge" title)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if MARKER in text:
+        return True
+    head = text.split("\n---", 1)[0]
+    return text.startswith("---") and "bertforge]" in head and " trained with bertforge\n" in text
 
 _USAGE = {
     "embed": '''```python
@@ -108,7 +128,7 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
     prompts = task.prompts.named() if kind not in ("rerank", "colbert") else {}
     lines = [
         "---", f"library_name: {'PyLate' if kind == 'colbert' else 'sentence-transformers'}", f"pipeline_tag: {pipeline}", f"tags: [{tags}, bertforge]",
-        f"base_model: {cfg.model}", "---", "",
+        f"base_model: {cfg.model}", "---", MARKER, "",
         f"# {what[0]} trained with bertforge", "",
         f"Fine-tuned from `{cfg.model}` with `bertforge finetune {kind}` ({what[1]}).", "",
         "## Training data", "",
@@ -126,4 +146,4 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
         "", "## The run's settings", "", "```json", dumps({k: v for k, v in vars(cfg).items()
                                                           if not k.startswith("_")}, indent=2), "```", "",
     ]
-    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    write_text(out / "README.md", "\n".join(lines))

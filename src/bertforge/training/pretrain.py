@@ -32,6 +32,7 @@ from ..errors import BertforgeError
 from ..heartbeat import phase
 from ..interop.hf import family_of, save_pretrained
 from ..jsonfile import dumps
+from ..safefiles import write_text
 from ..models.registry import family
 from ..runconfig import PretrainConfig, TrainConfig
 from ..tasks.pretraining import build, check_model
@@ -218,8 +219,7 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
                               f"{summary['elapsed']:.0f} s of the {cfg.time_budget:.0f} s budget: its length was "
                               "fixed early on from the speed then, and later steps ran faster (the machine was "
                               "busier at the start). --max-steps N fixes the length yourself")
-        (out / "pretrain_results.json").write_text(dumps({**result, "config": asdict(cfg)}, indent=2) + "\n",
-                                                   encoding="utf-8")
+        write_text(out / "pretrain_results.json", dumps({**result, "config": asdict(cfg)}, indent=2) + "\n")
         report(result, as_json, title=f"pretraining done: the model is in {out}/")
         if cfg.demo:
             _fill_mask_demo(model, tokenizer)

@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import BertforgeError
 from ..lockfile import LOCK_NAME, check_not_in_use, lock_directory
 from ..runconfig import saved_settings
+from ..safefiles import write_text
 from . import distributed as dist
 
 RUN_FILES = ("checkpoints", "best", "generator", "metrics.jsonl", "curves.png", "run_config.json", "pretrain_results.json",
@@ -51,6 +52,18 @@ def check_inputs_apart(cfg: Any, out: Path) -> None:
                                      "there could destroy it: choose an --out apart from the run's inputs")
 
 
+def check_own_files(out: Path, names: tuple[str, ...]) -> None:
+    """Refuse a run that would replace a file of the user's: each of `names` the run writes into `out` that exists
+    there must be one a bertforge run wrote (today: README.md, the model card of a retrieval model)."""
+    from .model_card import is_bertforge_card
+
+    for name in names:
+        target = out / name
+        if name == "README.md" and target.is_file() and not is_bertforge_card(target):
+            raise BertforgeError(f"{target}: not a model card bertforge wrote, and the run writes its card there; "
+                                 "move the file, or choose another --out (nothing was changed)")
+
+
 def claim_output(cfg: Any, extra: tuple[str, ...] = ()) -> Path:
     """The run's output directory, checked against `cfg.resume` / `cfg.overwrite` (see module doc) and
     locked against a second run (`bertforge.lockfile`).
@@ -71,6 +84,10 @@ def claim_output(cfg: Any, extra: tuple[str, ...] = ()) -> Path:
     elif out.exists() and any(p.name != LOCK_NAME for p in out.iterdir()) and not cfg.overwrite:
         raise BertforgeError(f"{out}: directory exists and is not empty; pass --overwrite to start again there, "
                              "--resume to continue its run, or choose another --out")
+    from .model_card import CARD_TASKS
+
+    if getattr(cfg, "task", None) in CARD_TASKS:
+        check_own_files(out, ("README.md",))
     if dist.is_main():
         lock_directory(out)  # before anything is deleted or written: one run per directory
         if cfg.overwrite and not cfg.resume:
@@ -83,7 +100,7 @@ def claim_output(cfg: Any, extra: tuple[str, ...] = ()) -> Path:
 def save_run_config(out: Path, cfg: Any) -> None:
     """OUT/run_config.json: the settings of this run, readable by `--config`."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run_config.json").write_text(json.dumps(saved_settings(cfg), indent=2) + "\n", encoding="utf-8")
+    write_text(out / "run_config.json", json.dumps(saved_settings(cfg), indent=2) + "\n")
 
 
 def _format(value: Any) -> str:

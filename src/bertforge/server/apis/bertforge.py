@@ -15,7 +15,7 @@ QA_DEFAULTS = (384, 128, 30)  # max_length, stride, max_answer_len
 async def embed_texts(api: Api, texts: list[str]) -> dict:
     """/embed in bertforge's dialect (the route is shared with TEI's, in tei.py): the model's own
     normalisation, inputs cut to length."""
-    found = await api.vectors(texts, api.service.token_counts(texts))
+    found = await api.vectors(texts, await api.service.tokens(texts))
     return {"results": [v.tolist() for v in normalized(found, None, api.service.normalizes)]}
 
 
@@ -25,12 +25,12 @@ def add(api: Api) -> None:
 
     @api.post("/fill-mask", "tei", "the top predictions for each [MASK] of each of 'texts'")
     async def fill_mask(body: MaskedBody):
-        counts = service.token_counts(body.texts)
+        counts = await service.tokens(body.texts)
         return {"results": await submit("fill-mask", [(t, FILL_MASK_DEFAULTS) for t in body.texts], sum(counts))}
 
     @api.post("/ner", "tei", "the entities of each of 'texts'")
     async def ner(body: TextsBody):
-        counts = service.token_counts(body.texts)
+        counts = await service.tokens(body.texts)
         return {"results": await submit("ner", [(t, NER_DEFAULTS) for t in body.texts], sum(counts))}
 
     @api.post("/classify", "tei", "classify each of 'texts' (with 'text_pairs', each pair)")
@@ -39,7 +39,7 @@ def add(api: Api) -> None:
         if pairs is not None and len(pairs) != len(body.texts):
             raise Refused(422, f"text_pairs has {len(pairs)} texts but texts has {len(body.texts)}",
                           param="text_pairs")
-        counts = service.token_counts(body.texts, pairs)
+        counts = await service.tokens(body.texts, pairs)
         rows = await submit("classify", [((t, p), ("right",)) for t, p in
                                          zip(body.texts, pairs or [None] * len(body.texts))], sum(counts))
         return {"results": [{k: v for k, v in row.items() if k != "logits"} for row in rows]}
@@ -47,6 +47,6 @@ def add(api: Api) -> None:
     @api.post("/qa", "tei", "answer a question from a context (or a list of them under 'items')")
     async def qa(body: QABody):
         items = [i.model_dump() for i in body.items] if hasattr(body, "items") else [body.model_dump()]
-        counts = service.token_counts([i["question"] for i in items], [i["context"] for i in items])
+        counts = await service.tokens([i["question"] for i in items], [i["context"] for i in items])
         # Every window of a long context runs, so its whole length is the work to budget.
         return {"results": await submit("qa", [(i, QA_DEFAULTS) for i in items], sum(counts))}

@@ -70,7 +70,7 @@ def add(api: Api) -> None:
                 api.check_model(body.model)
                 limit = service.embed_max_tokens
                 truncate = body.truncate != "NONE"
-                counts = api.counted(body.texts, "texts", limit, truncate, hint="; send truncate END or START to cut it")
+                counts = await api.counted(body.texts, "texts", limit, truncate, hint="; send truncate END or START to cut it")
                 side = "left" if body.truncate == "START" else "right"
                 found = await api.vectors(body.texts, counts, side, api.prompt("input_type", kind=body.input_type))
                 vectors = np.stack(normalized(found, body.output_dimension, service.normalizes))

@@ -8,6 +8,7 @@ on OpenAI's and Cohere's routes), naming the input, its length and the limit.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from collections.abc import Awaitable, Callable
@@ -71,7 +72,13 @@ class Api:
         def decorate(endpoint: Callable) -> Callable:
             @functools.wraps(endpoint)  # FastAPI reads the body's parameters through the wrapper
             async def answer(*args: Any, **kwargs: Any) -> Any:
-                return rendered(await endpoint(*args, **kwargs))
+                bound = self.limits.request_timeout_s
+                try:  # every request has a time bound: a stuck one is answered, and the server goes on
+                    return rendered(await asyncio.wait_for(endpoint(*args, **kwargs), bound))
+                except TimeoutError:
+                    raise Refused(503, f"the request took longer than {bound:g} s (--request-timeout-s) and was "
+                                       "stopped; the server goes on: send fewer or shorter inputs, or retry",
+                                  kind="unhealthy") from None
             return register(answer)
         return decorate
 
@@ -80,21 +87,28 @@ class Api:
         """TEI's rule: `truncate: null` means the server's default (--auto-truncate)."""
         return self.limits.auto_truncate if truncate is None else truncate
 
-    def counted(self, inputs: list, field: str, limit: int, truncate: bool, pairs: list[str] | None = None,
-                hint: str = "; send truncate: true to cut it") -> list[int]:
+    async def counted(self, inputs: list, field: str, limit: int, truncate: bool, pairs: list[str] | None = None,
+                      hint: str = "; send truncate: true to cut it", names: list[str] | None = None,
+                      pair_names: list[str] | None = None) -> list[int]:
         """Tokens of each input (with its pair), after refusing, unless `truncate`, a text longer than
-        --max-chars or an input longer than `limit` tokens (413)."""
+        --max-chars or an input longer than `limit` tokens (413). `names` and `pair_names` are what the request
+        calls each input and pair (default `field[i]`), so that a refusal names the text at fault: a long query
+        is `query`, not the passage it is paired with."""
+        names = names or [f"{field}[{i}]" for i in range(len(inputs))]
+        pair_names = pair_names or [f"{field}[{i}]" for i in range(len(inputs))]
         if not truncate:
-            for i, text in enumerate(inputs):
-                if isinstance(text, str) and len(text) > self.limits.max_chars:
-                    raise Refused(413, f"{field}[{i}] has {len(text)} characters; this server takes at most "
-                                       f"{self.limits.max_chars} per text (--max-chars){hint}", param=field)
-        counts = self.service.token_counts(inputs, pairs)
+            for texts, labels in ((inputs, names), (pairs or [], pair_names)):
+                for text, label in zip(texts, labels):
+                    if isinstance(text, str) and len(text) > self.limits.max_chars:
+                        raise Refused(413, f"{label} has {len(text)} characters; this server takes at most "
+                                           f"{self.limits.max_chars} per text (--max-chars){hint}",
+                                      param=label.split("[", 1)[0])
+        counts = await self.service.tokens(inputs, pairs)
         if not truncate:
             long = next((i for i, n in enumerate(counts) if n > limit), None)
             if long is not None:
-                raise Refused(413, f"{field}[{long}] has {counts[long]} tokens"
-                                   f"{' with the query' if pairs else ''}; this model reads at most {limit}{hint}",
+                label = f"{pair_names[long]} with {names[long]}" if pairs else names[long]
+                raise Refused(413, f"{label} has {counts[long]} tokens; this model reads at most {limit}{hint}",
                               param=field)
         return counts
 
@@ -141,7 +155,7 @@ class Api:
         (`counts`, when the caller has them already)."""
         limit = self.service.config.max_sequence_length
         if counts is None:
-            counts = self.service.token_counts([query] * len(texts), texts)
+            counts = await self.service.tokens([query] * len(texts), texts)
         found = await self.submit("rerank", [((query, t), (side,)) for t in texts], sum(min(n, limit) for n in counts))
         return found, counts
 

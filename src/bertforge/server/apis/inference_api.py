@@ -28,7 +28,8 @@ async def fill_mask(api: Api, body) -> list:
     params = body.parameters
     options = ((params.top_k if params and params.top_k else 5),
                tuple(params.targets) if params and params.targets else None)
-    encoded = [service.encode(t) for t in texts]  # the ids the pipeline reads: for the budget and `sequence`
+    # the ids the pipeline reads: for the budget and `sequence`
+    encoded = await service.off_loop(lambda: [service.encode(t) for t in texts])
     found = await api.submit("fill-mask", [(t, options) for t in texts], sum(len(ids) for ids in encoded))
     out = [fill_mask_rows(ids, masks, service.tokenizer.mask_token_id, service.decode)
            for ids, masks in zip(encoded, found)]
@@ -52,7 +53,7 @@ async def token_classification(api: Api, body) -> list:
     params = body.parameters
     options = ((params.aggregation_strategy if params and params.aggregation_strategy else "first"),
                (params.stride if params and params.stride is not None else 64))
-    found = await api.submit("ner", [(t, options) for t in texts], sum(api.service.token_counts(texts)))
+    found = await api.submit("ner", [(t, options) for t in texts], sum(await api.service.tokens(texts)))
     ignored = set(params.ignore_labels or []) if params else set()
     found = [[e for e in entities if e["entity_group"] not in ignored] for entities in found]
     return found[0] if isinstance(body.inputs, str) else found
@@ -65,7 +66,7 @@ async def question_answering(api: Api, body) -> dict:
     options = ((params.max_seq_len if params and params.max_seq_len else 384),
                (params.doc_stride if params and params.doc_stride else 128),
                (params.max_answer_len if params and params.max_answer_len else 30))
-    counts = api.service.token_counts([item["question"]], [item["context"]])
+    counts = await api.service.tokens([item["question"]], [item["context"]])
     return (await api.submit("qa", [(item, options)], sum(counts)))[0]
 
 

@@ -45,7 +45,7 @@ def add(api: Api) -> None:
                                "tokens, which bertforge does not implement", param="late_chunking")
         inputs = [body.input] if isinstance(body.input, str) or isinstance(body.input[0], int) else body.input
         truncate = bool(one_of(body, "truncate", "truncation"))
-        counts = api.counted(inputs, "input", service.embed_max_tokens, truncate=truncate,
+        counts = await api.counted(inputs, "input", service.embed_max_tokens, truncate=truncate,
                              hint="; send truncate (Jina) or truncation (Voyage): true to cut it")
         kind = one_of(body, "task", "input_type")
         field = "task" if body.task is not None else "input_type"
@@ -95,7 +95,7 @@ def add(api: Api) -> None:
                                f"{body.is_query} disagree: give one", param="is_query")
         texts = [body.input] if isinstance(body.input, str) else body.input
         most = service.embed_max_tokens
-        counts = api.counted(texts, "input", most, True)  # cut to query_length or document_length, as PyLate cuts
+        counts = await api.counted(texts, "input", most, True)  # cut to query_length or document_length, as PyLate cuts
         found = await api.submit("multi_vector", [(t, (is_query,)) for t in texts], sum(min(n, most) for n in counts))
         tokens = sum(min(n, most) for n in counts)
         return {"object": "list", "model": service.name,

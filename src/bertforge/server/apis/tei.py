@@ -30,8 +30,10 @@ async def classify_pairs(api: Api, sequences: list[list[str]], truncate: bool, s
     counts = [0] * len(sequences)
     for rows, with_pairs in ((singles, None), ([i for i in range(len(pairs)) if pairs[i] is not None], True)):
         if rows:
-            found = api.counted([texts[i] for i in rows], field, limit, truncate,
-                                [pairs[i] for i in rows] if with_pairs else None)
+            found = await api.counted([texts[i] for i in rows], field, limit, truncate,
+                                      [pairs[i] for i in rows] if with_pairs else None,
+                                      names=[f"{field}[{i}]" + ("[0]" if with_pairs else "") for i in rows],
+                                      pair_names=[f"{field}[{i}][1]" for i in rows])
             for i, n in zip(rows, found):
                 counts[i] = n
     items = [((t, p), (side,)) for t, p in zip(texts, pairs)]
@@ -52,8 +54,9 @@ def setting(body, name: str):
 
 async def embed_tei(api: Api, body) -> list:
     """TEI's /embed (and the Inference API's feature-extraction): a vector per input."""
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    counts = api.counted(texts, "inputs", api.service.embed_max_tokens, api.truncates(setting(body, "truncate")))
+    one = isinstance(body.inputs, str) or isinstance(body.inputs[0], int)  # a text, or one input's token ids
+    texts = [body.inputs] if one else body.inputs
+    counts = await api.counted(texts, "inputs", api.service.embed_max_tokens, api.truncates(setting(body, "truncate")))
     prompt = api.prompt("prompt_name", name=setting(body, "prompt_name"))
     found = await api.vectors(texts, counts, side_of(setting(body, "truncation_direction")), prompt)
     return [v.tolist() for v in normalized(found, body.dimensions, setting(body, "normalize"))]
@@ -75,8 +78,8 @@ async def rerank_tei(api: Api, body) -> list:
     # A ColBERT model encodes the query and each text apart, each cut to its own length (PyLate's rule): a pair is
     # never too long for it.
     truncate = api.truncates(body.truncate) or api.service.colbert is not None
-    counts = api.counted([body.query] * len(body.texts), "texts", api.service.config.max_sequence_length, truncate,
-                         body.texts)
+    counts = await api.counted([body.query] * len(body.texts), "texts", api.service.config.max_sequence_length,
+                               truncate, body.texts, names=["query"] * len(body.texts))
     scored, _ = await api.scores(body.query, body.texts, side_of(body.truncation_direction), counts)
     order = sorted(range(len(body.texts)), key=lambda i: -scored[i][0])  # stable: ties keep input order
     return [{"index": i, "score": scored[i][1] if body.raw_scores else scored[i][0]}
@@ -89,7 +92,9 @@ async def similarity_tei(api: Api, body) -> list[float]:
     truncate = api.truncates(parameters.truncate if parameters else None)
     side = side_of(parameters.truncation_direction if parameters else "right")
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    counts = api.counted(texts, "inputs.sentences", api.service.embed_max_tokens, truncate)
+    counts = await api.counted(texts, "inputs.sentences", api.service.embed_max_tokens, truncate,
+                               names=["inputs.source_sentence", *(f"inputs.sentences[{i}]"
+                                                                  for i in range(len(texts) - 1))])
     prompt = api.prompt("parameters.prompt_name", name=parameters.prompt_name if parameters else None)
     unit = np.stack(normalized(await api.vectors(texts, counts, side, prompt), None, True))
     return [float(x) for x in unit[1:] @ unit[0]]
@@ -113,7 +118,7 @@ def add(api: Api) -> None:
     @api.post("/embed_all", "tei", "every token's vector of each input, special tokens included (TEI's /embed_all)")
     async def embed_all(body: EmbedAllBody):
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        counts = api.counted(texts, "inputs", most, api.truncates(body.truncate))
+        counts = await api.counted(texts, "inputs", most, api.truncates(body.truncate))
         found = await api.submit("embed_all", [(t, (side_of(body.truncation_direction),)) for t in texts],
                                  sum(min(n, most) for n in counts))
         return [v.tolist() for v in found]
@@ -128,7 +133,7 @@ def add(api: Api) -> None:
         # An inference-free model's queries are cut to its query tokenizer's length, as SparseStaticEmbedding cuts
         # them: the document encoder's limit does not apply to them.
         static = body.is_query and service.splade.model.inference_free
-        counts = api.counted(texts, "inputs", most, api.truncates(body.truncate) or static)
+        counts = await api.counted(texts, "inputs", most, api.truncates(body.truncate) or static)
         prompt = api.prompt("prompt_name", name=body.prompt_name)
         if body.is_query and body.prompt_name is None:  # as SparseEncoder.encode_query: the "query" prompt, if any
             prompt = side_prompt(service.sentence.prompts, "query")
@@ -147,7 +152,7 @@ def add(api: Api) -> None:
                                "a PyLate ColBERT directory; use /embed_all for a plain encoder's token vectors")
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         # ColBERT cuts every text to its query_length or document_length, as PyLate does: nothing to refuse.
-        counts = api.counted(texts, "inputs", most, True)
+        counts = await api.counted(texts, "inputs", most, True)
         found = await api.submit("multi_vector", [(t, (body.is_query,)) for t in texts], sum(min(n, most) for n in counts))
         return [v.tolist() for v in found]
 
@@ -169,9 +174,9 @@ def add(api: Api) -> None:
     @api.post("/tokenize", "tei", "the tokens of each input (TEI's /tokenize)")
     async def tokenize(body: TokenizeBody):
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        return service.tokenize(texts, body.add_special_tokens)
+        return await service.off_loop(service.tokenize, texts, body.add_special_tokens)
 
     @api.post("/decode", "tei", "token ids back to text (TEI's /decode)")
     async def decode(body: DecodeBody):
         rows = body.ids if isinstance(body.ids[0], list) else [body.ids]
-        return service.decode(rows, body.skip_special_tokens)
+        return await service.off_loop(service.decode, rows, body.skip_special_tokens)
