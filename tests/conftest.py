@@ -203,6 +203,23 @@ def modern_dirs(tmp_path_factory):
     return root
 
 
+def tiny_modernbert(path: Path, modern_dirs: Path, positions: int) -> Path:
+    """A one-layer random ModernBERT at `path` with the trained tokenizer.json of `modern_dirs` ("ours")."""
+    import json
+
+    import transformers
+
+    vocab = json.loads((modern_dirs / "ours" / "tokenizer.json").read_text())["model"]["vocab"]
+    config = transformers.ModernBertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, intermediate_size=40, max_position_embeddings=positions,
+                                           pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2,
+                                           sep_token_id=2)
+    transformers.ModernBertModel(config).save_pretrained(path)
+    for f in (modern_dirs / "ours").iterdir():
+        (path / f.name).write_bytes(f.read_bytes())
+    return path
+
+
 def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every parameter moved off its initial value (LayerNorm and biases too), so a swapped or missing name
     cannot pass a parity test; in eval mode."""

@@ -5,7 +5,6 @@ the operator did."""
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import subprocess
@@ -142,16 +141,11 @@ def test_serve_derives_its_character_limit_from_the_model_length(tmp_path, moder
     """A ModernBERT of 8,192 positions reads an 8,190-token input whole: the default --max-chars follows the model
     (20 a position, at least 10,000), and /info says both limits."""
     pytest.importorskip("fastapi")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
 
-    vocab = json.loads((modern_dirs / "ours" / "tokenizer.json").read_text())["model"]["vocab"]
-    config = transformers.ModernBertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1,
-                                           num_attention_heads=2, intermediate_size=40, max_position_embeddings=8192,
-                                           pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2,
-                                           sep_token_id=2)
-    transformers.ModernBertModel(config).save_pretrained(tmp_path)
-    for f in (modern_dirs / "ours").iterdir():
-        (tmp_path / f.name).write_bytes(f.read_bytes())
+    from conftest import tiny_modernbert
+
+    tiny_modernbert(tmp_path, modern_dirs, 8192)
     # (A --max-chars given on the command line is kept: the server tests serve with --max-chars 200.)
     from server_utils import call, running_server
 

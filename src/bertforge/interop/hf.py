@@ -348,10 +348,13 @@ def check_config_fits(cls: type, config: Any, path: Path, new_head: bool = False
     layers = config.num_hidden_layers
     few = max(1, getattr(config, "num_hidden_groups", 1))  # ALBERT's groups: its layers share their weights
     small = [n for n in (few, 2 * few) if n < layers] or [layers]
+    per_layer_lists = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                       if isinstance(getattr(config, f.name), (list, tuple)) and len(getattr(config, f.name)) == layers}
     built = []
-    for n in small:
+    for n in small:  # a per-layer list (ModernBERT's layer_types) keeps its first n entries
+        fewer = {"num_hidden_layers": n, **{k: type(v)(v[:n]) for k, v in per_layer_lists.items()}}
         with torch.device("meta"):
-            built.append(cls(dataclasses.replace(config, num_hidden_layers=n) if n != layers else config))
+            built.append(cls(dataclasses.replace(config, **fewer) if n != layers else config))
     sizes = [_numel(m) for m in built]
     per_layer = (sizes[1] - sizes[0]) / (small[1] - small[0]) if len(small) == 2 else 0
     needed = int(sizes[0] + per_layer * (layers - small[0]))

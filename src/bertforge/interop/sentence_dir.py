@@ -36,9 +36,17 @@ SIDE_OF_KIND = {"query": "query", "search_query": "query", "retrieval.query": "q
                 "code.passage": "document"}
 
 
+def side_name(prompts: dict[str, str], side: str) -> str | None:
+    """The name of the model's prompt for one side of retrieval ("query" or "document"), by the names that side
+    goes by. An empty prompt does not count: sentence-transformers 6 saves `"document": ""` beside an E5-style
+    model's `"passage": "passage: "`, and the passage prompt is the one the model was trained with."""
+    return next((name for name in PROMPT_SIDES[side] if prompts.get(name)), None)
+
+
 def side_prompt(prompts: dict[str, str], side: str) -> str | None:
     """The model's prompt for one side of retrieval ("query" or "document"), by the names that side goes by."""
-    return next((prompts[name] for name in PROMPT_SIDES[side] if name in prompts), None)
+    name = side_name(prompts, side)
+    return None if name is None else prompts[name]
 
 
 @dataclass

@@ -56,11 +56,11 @@ def resolve_prompts(query: str | None, document: str | None, own: dict[str, str]
     """The prompts a run trains and saves with: the model directory's own (`own`, its named prompts; a side's prompt
     found by the names that side goes by, as `evaluate retrieval` finds them), each replaced by its flag when one is
     given (None: not given). A flag that changes the directory's prompt says so in a warning."""
-    from ..interop.sentence_dir import PROMPT_SIDES
+    from ..interop.sentence_dir import side_name
 
     texts, names = [], []
     for side, given in (("query", query), ("document", document)):
-        name = next((n for n in PROMPT_SIDES[side] if n in own), side)
+        name = side_name(own, side) or side
         kept = own.get(name, "")
         if given is not None and given != kept and kept:
             log.warning("--%s-prompt %r replaces the model's prompt %r (%r)", side, given, name, kept)

@@ -143,9 +143,9 @@ class Api:
             return prompts[name]
         if not prompts:
             return None
-        for candidate in (kind, *PROMPT_SIDES.get(SIDE_OF_KIND.get(kind, ""), ())):
-            if candidate in prompts:
-                return prompts[candidate]
+        candidates = [c for c in (kind, *PROMPT_SIDES.get(SIDE_OF_KIND.get(kind, ""), ())) if c in prompts]
+        if candidates:  # an empty entry ("document": "", which sentence-transformers 6 adds) yields to a real one
+            return next((prompts[c] for c in candidates if prompts[c]), "")
         raise Refused(422, f"{field}: '{kind}' asks for a prompt this model lacks (its prompts: "
                            f"{', '.join(sorted(prompts))})", param=field)
 
