@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .safefiles import write_text
+from .safefiles import atomic_write, write_text
 
 
 def plot_curves(metrics_file: Path, out_png: Path, title: str = "training") -> Path | None:
@@ -44,7 +44,7 @@ def plot_curves(metrics_file: Path, out_png: Path, title: str = "training") -> P
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
+    atomic_write(out_png, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return out_png
 
@@ -103,7 +103,7 @@ def plot_attention(tokens: list[str], attn, out_png: Path, layer: int | None = N
             axes[-1][0].set_yticks(range(T), tokens, fontsize=5)
         fig.suptitle(" ".join(tokens)[:160], fontsize=10)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
+    atomic_write(out_png, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return out_png
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from ..errors import ConfigError
 from ..jsonfile import read_json_object
+from ..safefiles import write_text
 
 # `hidden_act` names transformers accepts, each mapped to the function bertforge computes for it.
 # Only names whose function is the same as transformers' are listed (tests/test_config_fields.py
@@ -286,7 +287,7 @@ class BertConfig:
         data = self.to_dict()
         if architectures:
             data["architectures"] = architectures
-        Path(path).write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+        write_text(path, json.dumps(dict(sorted(data.items())), indent=2) + "\n")
 
 
 @dataclass

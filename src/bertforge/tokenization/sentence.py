@@ -22,6 +22,7 @@ from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
 from ..jsonfile import read_json_object
+from ..safefiles import atomic_write, write_text
 from .settings import ALBERT_SPECIALS, DEBERTA_SPECIALS, SENTENCE_SPECIALS, read_sentence_settings
 from .spm import SentencePieceModel, read_model, train_unigram
 from .tokenizer import SPECIAL_ROLES, Tokenizer, _read_lines
@@ -128,15 +129,15 @@ class SentenceTokenizer(Tokenizer):
         """Write tokenizer.json and tokenizer_config.json (plus the kind's own vocabulary files)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.backend.save(str(path / "tokenizer.json"))
+        atomic_write(path / "tokenizer.json", lambda tmp: self.backend.save(tmp))
         specials = {**{r: self.specials[r] for r in self.specials},
                     "bos_token": self.specials["cls_token"], "eos_token": self.specials["sep_token"]}
         config = {"tokenizer_class": self.transformers_class, "model_max_length": self.model_max_length,
                   "add_prefix_space": self.settings["add_prefix_space"],
                   "clean_up_tokenization_spaces": self.settings["clean_up_spaces"], **specials,
                   **self._config_extra()}
-        (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (path / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+        write_text(path / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+        write_text(path / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
         self._save_vocabulary(path)
 
     def _config_extra(self) -> dict[str, Any]:

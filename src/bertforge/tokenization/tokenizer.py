@@ -21,6 +21,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from ..errors import TokenizerError
 from ..jsonfile import read_json_object
+from ..safefiles import atomic_write, write_text
 
 log = logging.getLogger("bertforge")
 
@@ -425,16 +426,16 @@ class Tokenizer:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         vocab = sorted(self.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-        (path / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
-        self.backend.save(str(path / "tokenizer.json"))
+        write_text(path / "vocab.txt", "".join(t + "\n" for t, _ in vocab))
+        atomic_write(path / "tokenizer.json", lambda tmp: self.backend.save(tmp))
         specials = dict(self.specials)
         if self.extra_specials:
             specials["additional_special_tokens"] = self.extra_specials
         config = {"tokenizer_class": self.tokenizer_class, "do_lower_case": self.lowercase,
                   "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.chinese_chars,
                   "model_max_length": self.model_max_length, **specials}
-        (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (path / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+        write_text(path / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+        write_text(path / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
 
     def lowercased(self) -> "Tokenizer":
         """A copy that lower-cases its input first, as sentence-transformers' `do_lower_case` does

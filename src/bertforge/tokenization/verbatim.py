@@ -29,6 +29,7 @@ from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
 from ..jsonfile import read_json_object
+from ..safefiles import write_text
 from .sentence import ByteLevelBPETokenizer, SentenceTokenizer
 from .settings import read_sentence_settings
 from .tokenizer import SPECIAL_ROLES
@@ -115,7 +116,7 @@ class VerbatimTokenizer(SentenceTokenizer):
         config_file = Path(path) / "tokenizer_config.json"
         config = json.loads(config_file.read_text(encoding="utf-8"))
         config["model_input_names"] = list(self._inputs)
-        config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_text(config_file, json.dumps(config, indent=2) + "\n")
 
     def _config_extra(self) -> dict[str, Any]:
         return {}
