@@ -203,6 +203,65 @@ def modern_dirs(tmp_path_factory):
     return root
 
 
+WORDS = ("cat dog mat sits runs fast quick brown fox jumps lazy river bank money water city paris london "
+         "who what where when capital country king queen music film year war").split()
+
+
+def random_sentences(n: int, seed: int, low: int, high: int) -> list[str]:
+    """`n` seeded sentences of `low` to `high - 1` words drawn from WORDS."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, int(rng.integers(low, high)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def retrieval_dirs(tmp_path_factory) -> Path:
+    """A tiny random BERT as a sentence-transformers directory with E5-style prompts and dot similarity; a plain
+    copy of the encoder; pair, triplet and BEIR training data; a dev BEIR folder and a run of its queries."""
+    import json
+
+    st = pytest.importorskip("sentence_transformers")
+    import sentence_transformers.models  # noqa: F401  (st.models)
+    transformers = pytest.importorskip("transformers")
+    from bertforge import Tokenizer
+
+    root = tmp_path_factory.mktemp("retrieval")
+    tok = Tokenizer.train(texts=random_sentences(400, 0, 3, 12), vocab_size=120, min_frequency=1)
+    tok.save(root / "bert")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=96,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    perturbed(transformers.BertModel(config)).save_pretrained(root / "bert")
+    modules = [st.models.Transformer(str(root / "bert"), max_seq_length=48), st.models.Pooling(32, "mean"),
+               st.models.Normalize()]
+    model = st.SentenceTransformer(modules=modules, device="cpu", prompts={"query": "query: ", "passage": "passage: "},
+                                   similarity_fn_name="dot")
+    model.save(str(root / "st"))
+    passages, queries = random_sentences(24, 1, 8, 16), random_sentences(24, 2, 2, 5)
+    pairs = [{"query": f"{i} {q}", "positive": f"{i} {p}"} for i, (q, p) in enumerate(zip(queries, passages))]
+    (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
+    (root / "triplets.jsonl").write_text("".join(json.dumps({**r, "negative": f"not {r['positive']}"}) + "\n"
+                                                 for r in pairs))
+    beir = root / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": r["positive"]}) + "\n"
+                                               for i, r in enumerate(pairs)))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": r["query"]}) + "\n"
+                                                for i, r in enumerate(pairs)))
+    for split, rows in (("train", range(16)), ("dev", range(16, 24))):
+        (beir / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                                     + "".join(f"q{i}\td{i}\t1\n" for i in rows))
+    (root / "run.trec").write_text("".join(f"q{q} Q0 d{d} {r + 1} {1.0 - r / 10} first\n" for q in range(16, 24)
+                                           for r, d in enumerate([q, (q + 1) % 24, (q + 2) % 24])))
+    cross = root / "cross"  # a one-logit cross-encoder on the same vocabulary
+    transformers.BertForSequenceClassification(transformers.BertConfig(**{**config.to_dict(), "num_labels": 1})) \
+        .save_pretrained(cross)
+    tok.save(cross)
+    return root
+
+
 def tiny_modernbert(path: Path, modern_dirs: Path, positions: int) -> Path:
     """A one-layer random ModernBERT at `path` with the trained tokenizer.json of `modern_dirs` ("ours")."""
     import json

@@ -22,14 +22,9 @@ from bertforge.interop.sentence_dir import load_sentence_encoder, read_sentence_
 from bertforge.tasks.embedding import unique_batches  # noqa: E402
 from bertforge.tasks.embedding_losses import LOSSES, SCORED_PAIRS, SCORED_TUPLES  # noqa: E402
 from bertforge.tokenization.kinds import load_tokenizer  # noqa: E402
+from conftest import random_sentences  # noqa: E402
 
-WORDS = ("cat dog mat sits runs fast quick brown fox jumps lazy river bank money water city paris london "
-         "who what where when capital country king queen music film year war").split()
-
-
-def _sentences(n: int, seed: int, low: int, high: int) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, int(rng.integers(low, high)))) for _ in range(n)]
+_sentences = random_sentences
 
 
 @pytest.fixture(scope="module")

@@ -733,5 +733,10 @@ def read_config_file(path: str | Path, cls: type) -> dict[str, Any]:
 
 
 def saved_settings(cfg: Any) -> dict[str, Any]:
-    """The user-facing settings of a config, as `--config` reads them back."""
-    return {f.name: getattr(cfg, f.name) for f in cli_fields(type(cfg)) if f.name not in ("resume", "overwrite")}
+    """The user-facing settings of a config, as `--config` reads them back to the same run. A fine-tuning length the
+    user left to the model is saved as null (not the length it came to), so that a run read back works it out the
+    same way and is not taken to have asked for it."""
+    out = {f.name: getattr(cfg, f.name) for f in cli_fields(type(cfg)) if f.name not in ("resume", "overwrite")}
+    if getattr(cfg, "seq_len_given", True) is False and "seq_len" in out:
+        out["seq_len"] = None
+    return out

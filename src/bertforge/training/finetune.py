@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-from dataclasses import asdict
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,9 @@ def run_seeds(cfg: FinetuneConfig, run_one: Callable[[Any, Path], dict[str, Any]
     seeds = [int(s) for s in cfg.seeds.split(",") if s.strip()]
     runs = []
     for seed in seeds:
-        one = type(cfg)(**{**asdict(cfg), "seed": seed, "seeds": None})
+        # The settings as the user gave them, with this seed: a length left to the model is left to it again (a
+        # copy that kept the filled-in default would call it given, and ColBERT refuses --seq-len).
+        one = replace(cfg, seed=seed, seeds=None, **({} if getattr(cfg, "seq_len_given", True) else {"seq_len": None}))
         runs.append(run_one(one, out / f"seed-{seed}"))
         if dist.is_main():  # in a torchrun job, rank 0 reports
             report({"seed": seed, **runs[-1]}, as_json, title=f"seed {seed}: the model is in {out / f'seed-{seed}'}/")
