@@ -77,6 +77,8 @@ def test_a_sentence_transformers_directorys_prompts_and_similarity_are_kept(tmp_
     assert "--query-prompt 'q: ' replaces the model's prompt 'query' ('query: ')" in capsys.readouterr().err
     saved = json.loads((tmp_path / "one" / "config_sentence_transformers.json").read_text())
     assert saved["prompts"] == {**own, "query": "q: "}
+    assert main(_embed(root, tmp_path / "pool", "--pooling", "cls")) == 0  # replacing the pooling is said too
+    assert "--pooling cls replaces the model's pooling mean" in capsys.readouterr().err
     # The prompts are applied in training and in the dev evaluation: each side's ids begin with its prompt.
     cfg = EmbedConfig(model=str(root / "st"), train=str(root / "pairs.jsonl"), dev=str(root / "beir"),
                       out=str(tmp_path / "x"), max_steps=1)

@@ -278,6 +278,10 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
     prompts = resolve_prompts(cfg.query_prompt, cfg.document_prompt, sentence.prompts if sentence else {},
                               sentence.default_prompt_name if sentence else None)
     similarity = resolve_similarity(cfg.similarity, sentence.similarity if sentence else None)
+    if sentence is not None and cfg.pooling and (cfg.pooling,) != sentence.pooling:
+        log.warning("--pooling %s replaces the model's pooling %s", cfg.pooling, "+".join(sentence.pooling))
+    if sentence is not None and cfg.normalize and not sentence.normalize:
+        log.warning("--normalize adds a Normalize module the model's directory does not have")
     lowercase = bool(sentence and sentence.lowercase)
     if cfg.learn_scale:
         if loss not in LEARNABLE_SCALE:
