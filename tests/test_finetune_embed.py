@@ -356,3 +356,25 @@ def test_training_takes_sentence_transformer_trainers_steps(tmp_path, st_dir, da
     # vectors agree to a small part of how far training moved them.
     assert np.abs(got - expected).max() <= 0.01 * np.abs(expected - before).max()
     assert np.abs(expected - before).max() > 1e-2
+
+
+def test_gradcache_replays_each_devices_random_state(monkeypatch):
+    """GradCache's second run of a call draws the masks of its first on the CPU and on each CUDA device the model is
+    on, and leaves the caller's states as they were (a CUDA run used to replay the CPU state alone, so its dropout
+    drew other masks). No GPU here: device 0's generator is a stand-in, read and set through torch.cuda's calls."""
+    from bertforge.tasks.embedding_losses import RandomState
+
+    device = {0: torch.tensor([1, 2, 3], dtype=torch.uint8)}
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda d=0: device[int(d)].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, d=0: device.__setitem__(int(d), state.clone()))
+    captured = RandomState([0])
+    torch.rand(3)  # the first run draws: both generators move on
+    device[0] = torch.tensor([7, 7, 7], dtype=torch.uint8)
+    cpu_after, device_after = torch.get_rng_state(), device[0].clone()
+    with captured.replayed():
+        assert torch.equal(torch.get_rng_state(), captured.cpu)
+        assert torch.equal(device[0], torch.tensor([1, 2, 3], dtype=torch.uint8))
+        torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), cpu_after) and torch.equal(device[0], device_after)
+    assert RandomState.devices_of(torch.nn.Linear(2, 2)) == []  # a CPU model replays the CPU state alone
+

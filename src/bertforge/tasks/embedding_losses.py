@@ -220,6 +220,30 @@ def embed_rows(model: Callable[..., torch.Tensor], inputs: dict[str, torch.Tenso
     return model(**{k: v[rows] for k, v in inputs.items()}).float()
 
 
+class RandomState:
+    """The random state a GradCache call ran under, on the CPU and on each CUDA device the model runs on, replayed
+    (as sentence-transformers' RandContext does) so that the call's second run draws the same dropout masks on
+    every device. Replaying restores the caller's states afterwards (`torch.random.fork_rng`)."""
+
+    def __init__(self, devices: list[int]) -> None:
+        self.devices = devices
+        self.cpu = torch.get_rng_state()
+        self.cuda = [torch.cuda.get_rng_state(d) for d in devices]
+
+    @staticmethod
+    def devices_of(model: torch.nn.Module) -> list[int]:
+        """The CUDA devices of `model`'s parameters (none on the CPU)."""
+        return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+    @contextlib.contextmanager
+    def replayed(self):
+        with torch.random.fork_rng(devices=self.devices):
+            torch.set_rng_state(self.cpu)
+            for device, state in zip(self.devices, self.cuda):
+                torch.cuda.set_rng_state(state, device)
+            yield
+
+
 def cached_calls(model: torch.nn.Module, calls: list[Callable[[], torch.Tensor]],
                  loss_of: Callable[[list[torch.Tensor]], torch.Tensor],
                  loss_params: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
@@ -233,9 +257,10 @@ def cached_calls(model: torch.nn.Module, calls: list[Callable[[], torch.Tensor]]
     per step. `loss_params`: parameters of the loss itself (a learned scale), whose gradients join the last call's
     backward, the one that DDP (`model`, when wrapped) reduces."""
     states, pieces = [], []
+    devices = RandomState.devices_of(model)
     with torch.no_grad():
         for call in calls:
-            states.append(torch.get_rng_state())
+            states.append(RandomState(devices))
             pieces.append(call().requires_grad_())
     with torch.enable_grad():
         loss = loss_of(pieces)
@@ -244,17 +269,14 @@ def cached_calls(model: torch.nn.Module, calls: list[Callable[[], torch.Tensor]]
     value = loss.detach().requires_grad_()
 
     def replay(grad_output: torch.Tensor) -> None:
-        after = torch.get_rng_state()
         no_sync = getattr(model, "no_sync", None)  # DDP: reduce the gradients once, after the last call
         for n, call in enumerate(calls):
-            torch.set_rng_state(states[n])
             sync = no_sync() if no_sync is not None and n < len(calls) - 1 else contextlib.nullcontext()
-            with sync, torch.enable_grad():  # a backward hook runs with gradients off
+            with states[n].replayed(), sync, torch.enable_grad():  # a backward hook runs with gradients off
                 total = (call() * grads[n]).sum()
                 if n == len(calls) - 1:
                     total = total + sum((p * g).sum() for p, g in zip(loss_params, param_grads))
                 total.mul(grad_output).backward()
-        torch.set_rng_state(after)
 
     value.register_hook(replay)
     return value
