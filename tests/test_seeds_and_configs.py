@@ -1,5 +1,5 @@
-"""Every finetune task: `--seeds 1,2` gives, for each seed, the run `--seed N` gives alone, and a finished run's
-`run_config.json` read back with `--config` repeats the run bit for bit (#73's seq_len defect: a seeded ColBERT run
+"""Every finetune task: `--seeds 1,2` gives, for each seed, the run `--seed N` gives alone; a finished run's
+`run_config.json` read back with `--config` repeats the run bit for bit; and `--dev` may be left out (#73's seq_len defect: a seeded ColBERT run
 was refused for a --seq-len nobody gave, its run_config.json was refused by --config, and a seeded embedder trained
 at another length than the same run unseeded)."""
 
@@ -81,3 +81,35 @@ def test_seeds_equal_single_runs_and_run_config_reads_back(tmp_path, checkpoints
     _same(tmp_path / "single", tmp_path / "again")
     if task in ("embed", "colbert", "sparse", "rerank"):  # a length left to the model is saved as left
         assert saved["seq_len"] is None
+    # Without --dev: the run trains and writes its final model, and says nothing was selected. The run above
+    # evaluated only at its last step (2 steps, less than an epoch), so it selected that step: the same weights.
+    bare = _without(args, "--dev", "--candidates")
+    capsys.readouterr()
+    assert main([*bare, "--seed", "2", "--out", str(tmp_path / "nodev")]) == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["selected_step"] is None and "no --dev: no model was selected" in summary["note"]
+    _same(tmp_path / "single", tmp_path / "nodev")
+
+
+def _without(args: list[str], *flags: str) -> list[str]:
+    """`args` without each of `flags` and its value."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+@pytest.mark.parametrize("flag", [["--eval-every", "1"], ["--patience", "2"]])
+def test_what_only_an_evaluation_does_is_refused_without_dev(tmp_path, checkpoints, labelled, retrieval_dirs, flag,
+                                                             capsys):
+    args = _without(_args("classify", checkpoints, labelled, retrieval_dirs), "--dev")
+    capsys.readouterr()
+    assert main([*args, *flag, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "evaluates on --dev" in err and flag[0] in err, err
+    assert not (tmp_path / "o").exists()

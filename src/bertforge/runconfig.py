@@ -336,7 +336,8 @@ class FinetuneConfig(TrainConfig):
     task: str = setting("classify", "classify, regress, ner or qa", cli=False)  # the CLI's positional argument
     model: str = setting("", "a checkpoint directory, or a preset (then --tokenizer is needed)")
     train: str = setting("", "training file (.tsv, .csv, .jsonl; CoNLL or .jsonl for ner; SQuAD .json for qa)")
-    dev: str = setting("", "development file, evaluated every epoch (or every --eval-every steps)")
+    dev: str = setting("", "development file, evaluated every epoch (or every --eval-every steps) to select the "
+                           "model (none: train, and write the final model unselected)")
     tokenizer: str | None = setting(None, "tokenizer directory when --model is a preset")
     seq_len: int | None = setting(None, "maximum tokens per example (default 128; 384 for qa)")
     text_column: str | None = setting(None, "TSV/CSV/JSONL column of the text (name or 0-based index)")
@@ -355,7 +356,7 @@ class FinetuneConfig(TrainConfig):
     warmup: float = setting(0.1, "warmup: a fraction of the total steps if < 1, else a number of steps")
     save_every: int | None = setting(None, "steps between checkpoints (none: at the end only)")
 
-    required = ("model", "train", "dev")  # the settings a run cannot go without
+    required = ("model", "train")  # the settings a run cannot go without
 
     def __post_init__(self) -> None:
         self.seq_len_given = self.seq_len is not None  # a default may shrink to the model; a given value may not
@@ -369,6 +370,12 @@ class FinetuneConfig(TrainConfig):
         for name in self.required:
             if not getattr(self, name):
                 raise ConfigError(f"{flag(name)} is required")
+        if not self.dev:  # what only an evaluation can do
+            for name in ("eval_every", "patience", "tune_null_threshold"):
+                if getattr(self, name):
+                    raise ConfigError(f"{flag(name)} evaluates on --dev; give --dev, or leave it out")
+            if self.backend == "jax":
+                raise ConfigError(f"{flag('backend')} jax evaluates on --dev every epoch; give --dev")
         if self.truncation not in ("head", "tail", "head+tail"):
             raise ConfigError(f"{flag('truncation')} must be head, tail or head+tail")
         if self.seq_len < 8:
@@ -423,7 +430,8 @@ class RetrievalTrainConfig(FinetuneConfig):
 
     train: str = setting("", "training rows: .jsonl/.tsv/.csv by column shape ((anchor, positive[, negatives...]) or "
                              "(text1, text2, score)), a BEIR folder, or hf:NAME:SPLIT")
-    dev: str = setting("", "evaluation: a BEIR folder (its --dev-split qrels) or a (query, passage) pair file")
+    dev: str = setting("", "evaluation: a BEIR folder (its --dev-split qrels) or a (query, passage) pair file "
+                           "(none: train, and write the final model unselected)")
     train_split: str = setting("train", "the qrels split a BEIR folder trains on")
     dev_split: str = setting("dev", "the qrels split a BEIR folder evaluates on")
     scale: float | None = setting(None, "the scores' scale in the loss (default: the loss's own)")

@@ -30,6 +30,11 @@ def read_retrieval_set(path: str, split: str) -> RetrievalSet:
     return from_pairs([(r[0], r[1]) for r in data.rows], path)
 
 
+def read_dev_set(path: str, split: str) -> RetrievalSet | None:
+    """A trainer's --dev set (`read_retrieval_set`), or None without one (nothing is evaluated)."""
+    return read_retrieval_set(path, split) if path else None
+
+
 def check_measures(measures: str | None) -> tuple[str, ...]:
     """--measures (comma-separated) as measure names, each checked; none: DEFAULT_MEASURES."""
     names = tuple(m.strip() for m in measures.split(",") if m.strip()) if measures else DEFAULT_MEASURES

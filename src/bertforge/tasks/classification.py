@@ -55,7 +55,7 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     """(model, task) for `classify` and `regress`; a given `model` is evaluated, its labels kept."""
     columns = Columns(cfg.text_column, cfg.pair_column, cfg.label_column)
     train = read_examples(train_path, columns) if train_path else None
-    dev = read_examples(dev_path, columns)
+    dev = read_examples(dev_path, columns) if dev_path else []  # no --dev: nothing is evaluated
     if cfg.task == "regress":
         # Every label is checked before the model is built: a bad one is the only thing said.
         values = {path: regression_targets(examples, path) for path, examples in ((train_path, train or []),
@@ -81,6 +81,7 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
         return classification_features(examples, tokenizer, cfg.seq_len, cfg.truncation, targets(examples, path))
 
     pack_to = cfg.seq_len if cfg.pack else None
-    task = ClassificationTask(make(train, train_path) if train else [], make(dev, dev_path), cfg.batch_size, cfg.seed,
+    task = ClassificationTask(make(train, train_path) if train else [], make(dev, dev_path) if dev else [],
+                              cfg.batch_size, cfg.seed,
                               tokenizer.pad_token_id, pack_to, id2label=id2label, regression=cfg.task == "regress")
     return model, task

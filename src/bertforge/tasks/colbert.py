@@ -25,7 +25,7 @@ from ..data.retrieval import read_tuples
 from ..errors import InputError
 from ..interop.colbert_dir import ColbertSpec, skiplist_ids
 from ..models.colbert import ColbertEncoder, maxsim
-from ..retrieval.evaluate import read_retrieval_set
+from ..retrieval.evaluate import read_dev_set
 from ..retrieval.late_interaction import maxsim_top_k
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
@@ -219,7 +219,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Colb
         raise InputError(f"--query-length / --document-length: {max(spec.query_length, spec.document_length)} "
                          f"tokens; the model has {longest} positions")
     check_expansion(model.backbone, spec, "--attend-to-expansion-tokens")
-    task = ColbertTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, spec.document_length,
+    task = ColbertTask(data, read_dev_set(dev_path, cfg.dev_split), tokenizer, spec.document_length,
                        cfg.batch_size, cfg.seed, loss, cfg.temperature, "MaxSim", Prompts(),
                        mini_batch_size=cfg.mini_batch_size, spec=spec, model_tokenizer=model_tokenizer)
     return model, task

@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..inference.loop import device_of, run_sorted
 from ..models.sentence_encoder import MAX_LEARNED_SCALE, SentenceEncoder
 from ..retrieval.beir import RetrievalSet
-from ..retrieval.evaluate import read_retrieval_set
+from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.tokenizer import Tokenizer
@@ -295,7 +295,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
     if dims and dims[0] > model.dimension:
         raise InputError(f"--matryoshka-dims {cfg.matryoshka_dims}: {dims[0]} is more than the model's "
                          f"{model.dimension} dimensions")
-    task = EmbeddingTask(data, read_retrieval_set(dev_path, cfg.dev_split),
+    task = EmbeddingTask(data, read_dev_set(dev_path, cfg.dev_split),
                          tokenizer.lowercased() if lowercase else tokenizer, cfg.seq_len, cfg.batch_size,
                          cfg.seed, loss, cfg.scale, similarity, prompts, mini_batch_size=cfg.mini_batch_size, dims=dims)
     task.lowercase = lowercase

@@ -59,11 +59,11 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     if cfg.pack:
         raise BertforgeError("--pack is not supported for qa: its windows already fill --seq-len")
     train = read_squad(train_path, training=True)[0] if train_path else []
-    dev, raw = read_squad(dev_path)
+    dev, raw = read_squad(dev_path) if dev_path else ([], {"data": []})  # no --dev: nothing is evaluated
     if model is None:
         model = new_model(cfg, BertForQuestionAnswering, None, tokenizer)
     train_features = qa_features(train, tokenizer, cfg.seq_len, cfg.doc_stride, training=True) if train else []
-    task = QuestionAnsweringTask(train_features, qa_features(dev, tokenizer, cfg.seq_len, cfg.doc_stride),
+    task = QuestionAnsweringTask(train_features, qa_features(dev, tokenizer, cfg.seq_len, cfg.doc_stride) if dev else [],
                                  cfg.batch_size, cfg.seed, tokenizer.pad_token_id, examples=dev, raw=raw["data"],
                                  n_best=cfg.n_best, max_answer_len=cfg.max_answer_len,
                                  null_threshold=cfg.null_threshold, tune_null_threshold=cfg.tune_null_threshold)

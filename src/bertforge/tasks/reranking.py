@@ -18,7 +18,7 @@ from ..data.batching import collate
 from ..data.retrieval import TupleData, read_tuples
 from ..errors import InputError
 from ..retrieval.beir import RetrievalSet, candidates_for
-from ..retrieval.evaluate import read_retrieval_set
+from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.tokenizer import Tokenizer
@@ -162,11 +162,11 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None)
             model = load_pretrained(cls, cfg.model, num_labels=1, id2label=None, label2id=None)
         else:
             model = load_pretrained(cls, cfg.model)
-    dev = read_retrieval_set(dev_path, cfg.dev_split)
-    if not cfg.candidates:
+    dev = read_dev_set(dev_path, cfg.dev_split)
+    if dev is not None and not cfg.candidates:
         raise InputError("--candidates is required: the first stage's ranking of the --dev queries (a TREC run "
                          "file, e.g. from bertforge evaluate retrieval --run)")
-    task = RerankTask(data, dev, candidates_for(dev, cfg.candidates), tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed, loss,
+    task = RerankTask(data, dev, candidates_for(dev, cfg.candidates) if dev is not None else {}, tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed, loss,
                       cfg.num_negatives, cfg.scale if cfg.scale is not None else 10.0, cfg.pos_weight, cfg.rerank_top_k)
     return model, task
 

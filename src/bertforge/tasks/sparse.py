@@ -22,7 +22,7 @@ import torch
 
 from ..data.retrieval import read_tuples
 from ..models.splade import SpladeEncoder
-from ..retrieval.evaluate import read_retrieval_set
+from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..retrieval.sparse_index import InvertedIndex
@@ -161,7 +161,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Spla
     elif cfg.query_lr is not None:
         raise ConfigError(f"{flag('query_lr')} is the rate of an inference-free model's query weights; add "
                           f"{flag('inference_free')}")
-    task = SparseTask(data, read_retrieval_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size,
+    task = SparseTask(data, read_dev_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size,
                       cfg.seed, loss, cfg.scale, SPARSE_LOSSES[loss][3], prompts,
                       mini_batch_size=cfg.mini_batch_size, query_weight=cfg.query_regularizer_weight,
                       document_weight=cfg.document_regularizer_weight, static_queries=model.inference_free,

@@ -54,7 +54,7 @@ def ner_features(sentences, tokenizer: Tokenizer, seq_len: int, label2id: dict[s
 def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
     """(model, task) for `ner`; a given `model` is evaluated with its own tag set."""
     train = read_sentences(train_path) if train_path else None
-    dev = read_sentences(dev_path)
+    dev = read_sentences(dev_path) if dev_path else []  # no --dev: nothing is evaluated
     if model is not None:
         labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
     else:
@@ -74,6 +74,6 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     def make(sentences):
         return ner_features(sentences, tokenizer, cfg.seq_len, label2id)
 
-    task = TokenClassificationTask(make(train) if train else [], make(dev), cfg.batch_size, cfg.seed,
+    task = TokenClassificationTask(make(train) if train else [], make(dev) if dev else [], cfg.batch_size, cfg.seed,
                                    tokenizer.pad_token_id, pack_to, id2label=dict(enumerate(labels)))
     return model, task

@@ -80,6 +80,20 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     return TASK_BUILDERS[cfg.task](cfg, tokenizer, train_path, dev_path, model)
 
 
+class WithoutDev:
+    """A task trained without --dev (as sentence-transformers' trainers and transformers' run_glue train without an
+    evaluator): it evaluates to no metrics, so the loop selects nothing and the final model is written."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        return {}
+
+
 def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
     if cfg.resume and (out / "eval_results.json").is_file() and not (out / "checkpoints").is_dir():
         return json.loads((out / "eval_results.json").read_text(encoding="utf-8"))  # this seed had finished
@@ -88,7 +102,7 @@ def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
     resuming = cfg.resume and (out / "checkpoints").is_dir()
     with phase("reading and tokenising the data"), heads_from_checkpoint(resuming):
         model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
-    results = train_and_export(cfg, out, model, task, tokenizer)
+    results = train_and_export(cfg, out, model, task if cfg.dev else WithoutDev(task), tokenizer)
     if dist.is_main():
         write_text(out / "eval_results.json", dumps(results, indent=2) + "\n")
     return results
@@ -102,7 +116,7 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
     if dist.is_main():
         save_run_config(out, cfg)
     # Evaluate every epoch unless --eval-every says otherwise; keep the best model by the task's metric.
-    train_cfg = TrainConfig.of(cfg, out=str(out), eval_each_epoch=not cfg.eval_every,
+    train_cfg = TrainConfig.of(cfg, out=str(out), eval_each_epoch=not cfg.eval_every and bool(cfg.dev),
                                select_metric=task.main_metric, greater_is_better=task.greater_is_better)
     run_info = {"task": cfg.task, "model": cfg.model, "train": cfg.train, "seq_len": cfg.seq_len, "lr": cfg.lr,
                 "batch_size": cfg.batch_size, "seed": cfg.seed}
@@ -122,6 +136,9 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
         plot_curves(out / "metrics.jsonl", out / "curves.png", title=title or f"fine-tuning ({cfg.task})")
     results = {"task": cfg.task, "metric": task.main_metric, "selected_step": summary["best_step"],
                **(summary["best_metrics"] or summary["eval"]), "seconds": round(summary["elapsed"], 1)}
+    if not cfg.dev:
+        results["note"] = (f"no --dev: no model was selected; {out} holds the final step's "
+                           f"({summary['step']}) model")
     if summary.get("compile_seconds") is not None:  # --backend jax: the step's one-off compile, within seconds
         results["compile_seconds"] = round(summary["compile_seconds"], 1)
     if summary.get("kernel_compile_seconds") is not None:  # a first run on this machine: not in `seconds`

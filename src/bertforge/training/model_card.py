@@ -88,6 +88,13 @@ _SERVING = {
 }
 
 
+def _evaluation(cfg: Any, results: dict[str, Any], metrics: dict[str, float]) -> list[str]:
+    """The card's lines on the --dev evaluation of the selected step."""
+    return [f"On `{cfg.dev}`" + (f" (its `{cfg.dev_split}` qrels)" if Path(cfg.dev).is_dir() else "")
+            + f", the selected step ({results.get('selected_step')}) scored, as trec_eval computes the measures:", "",
+            "| measure | value |", "|---|---:|", *[f"| {k} | {v:.4f} |" for k, v in metrics.items()], ""]
+
+
 def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) -> None:
     """OUT/README.md for `finetune embed` or `finetune rerank` (`cfg` the run's config, `task` its task)."""
     kind = cfg.task
@@ -136,9 +143,8 @@ def write_model_card(out: Path, cfg: Any, task: Any, results: dict[str, Any]) ->
         "## Training settings", "",
         *[f"- {name}: {value}" for name, value in settings.items() if value is not None], "",
         "## Evaluation", "",
-        f"On `{cfg.dev}`" + (f" (its `{cfg.dev_split}` qrels)" if Path(cfg.dev).is_dir() else "")
-        + f", the selected step ({results.get('selected_step')}) scored, as trec_eval computes the measures:", "",
-        "| measure | value |", "|---|---:|", *[f"| {k} | {v:.4f} |" for k, v in metrics.items()], "",
+        *(_evaluation(cfg, results, metrics) if cfg.dev else
+          ["Trained without an evaluation set (no `--dev`): this is the final step's model, not a selected one.", ""]),
         "## Usage", "",
         _USAGE[kind].format(path=out.name, query_prompt=', prompt_name="query"' if "query" in prompts else "",
                             document_prompt=', prompt_name="document"' if "document" in prompts else ""), "",

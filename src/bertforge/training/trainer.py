@@ -330,7 +330,7 @@ class Trainer:
             self._save(step)
         if not c.eval_every and not c.eval_each_epoch:
             last_eval = self._evaluate()
-            if main:
+            if main and last_eval:  # (a run without an evaluation set has none to log)
                 self._log({"step": step, **{f"eval_{k}": v for k, v in last_eval.items()}})
             self._track_best(last_eval, step)
         return {"step": step, "stop": stop_reason, "eval": last_eval, "elapsed": self.state["elapsed"],
