@@ -313,27 +313,11 @@ def load_for_task(task: str, path: str | Path, accepted: tuple[str, ...]):
     return load_pretrained(ARCHITECTURES[architecture], path)
 
 
-def _shapes(file: Path) -> dict[str, torch.Tensor]:
-    """A weights file's tensors as meta tensors (shape and dtype, no data): a safetensors header, or a
-    `pytorch_model.bin` mapped from disk (`weights_only`, so nothing in it runs)."""
-    if file.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise CheckpointError(f"{file}: cannot read safetensors ({exc}); the file may be truncated or "
-                                  "corrupt") from None
-    state = read_weights(file, check_finite=False)
-    return {k: torch.empty(v.shape, device="meta") for k, v in state.items() if isinstance(v, torch.Tensor)}
-
-
 def _numel(model: torch.nn.Module) -> int:
     return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
 
 
-def check_config_fits(cls: type, config: Any, path: Path, new_head: bool = False) -> None:
+def check_config_fits(cls: type, config: Any, path: Path, state: dict[str, torch.Tensor], new_head: bool = False) -> None:
     """Refuse, before any memory is allocated, a config.json that does not describe the weights beside it or that
     asks for more memory than this machine has (a hostile `hidden_size: 10000000` would allocate 1.2 TB;
     `num_hidden_layers: 1000000` would build for hours).
@@ -358,9 +342,7 @@ def check_config_fits(cls: type, config: Any, path: Path, new_head: bool = False
     sizes = [_numel(m) for m in built]
     per_layer = (sizes[1] - sizes[0]) / (small[1] - small[0]) if len(small) == 2 else 0
     needed = int(sizes[0] + per_layer * (layers - small[0]))
-    shapes: dict[str, torch.Tensor] = {}
-    for file in weights_files(path):
-        shapes.update(_shapes(file))
+    shapes = {k: torch.empty(v.shape, device="meta") for k, v in state.items()}  # `state`: the weights, read once
     from_hf_state_dict(built[0], shapes, source=str(path), new_head=new_head)  # a shape the config contradicts
     held = sum(t.numel() for t in shapes.values())
     sizes_of = (f"hidden_size {config.hidden_size}, num_hidden_layers {layers}, intermediate_size "
@@ -388,11 +370,11 @@ def load_pretrained(cls: type, path: str | Path, **config_overrides: Any):
             if config.id2label and len(config.id2label) != config_overrides["num_labels"]:
                 fields["id2label"] = fields["label2id"] = None
         config = type(config)(**fields)
-    check_config_fits(cls, config, path, new_head="num_labels" in config_overrides)
-    model = cls(config)
     state: dict[str, torch.Tensor] = {}
     for file in weights_files(path):
         state.update(read_weights(file))
+    check_config_fits(cls, config, path, state, new_head="num_labels" in config_overrides)
+    model = cls(config)
     report = from_hf_state_dict(model, state, source=str(path), new_head="num_labels" in config_overrides)
     prefix = names_of(model).prefix + "."
     backbone_missing = [k for k in report.missing_keys if k.startswith(prefix) or not has_backbone_prefix(model)]

@@ -132,7 +132,7 @@ class EmbeddingTask:
     def __init__(self, data: TupleData, dev: RetrievalSet, tokenizer: Tokenizer, seq_len: int, batch_size: int,
                  seed: int, loss: str, scale: float | None, similarity: str, prompts: Prompts,
                  eval_batch_size: int = 64, mini_batch_size: int | None = None,
-                 dims: tuple[int, ...] = ()) -> None:
+                 dims: tuple[int, ...] = (), lowercase: bool = False) -> None:
         self.data, self.dev, self.tokenizer = data, dev, tokenizer
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.loss_name = loss
@@ -140,6 +140,7 @@ class EmbeddingTask:
         self.scale = default_scale if scale is None else scale
         self.similarity, self.prompts, self.eval_batch_size = similarity, prompts, eval_batch_size
         self.mini_batch_size, self.dims = mini_batch_size, dims
+        self.lowercase = lowercase  # the directory's do_lower_case: `tokenizer` is a lower-casing copy then
         for line, row in zip(data.lines, data.rows):
             if len(set(row)) != len(row):
                 raise InputError(f"{data.source}:{line}: one text in two columns (a positive equal to its anchor or "
@@ -241,7 +242,7 @@ class EmbeddingTask:
         from ..interop.sentence_dir import save_sentence_dir
 
         save_sentence_dir(model, out, tokenizer, self.seq_len, self.prompts.named(), self.similarity,
-                          self.prompts.default_name, lowercase=getattr(self, "lowercase", False))
+                          self.prompts.default_name, lowercase=self.lowercase)
         if model.log_scale is not None:  # for the model card: where the learned scale ended
             self.learned_scale = float(model.scale())
 
@@ -297,6 +298,6 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
                          f"{model.dimension} dimensions")
     task = EmbeddingTask(data, read_dev_set(dev_path, cfg.dev_split),
                          tokenizer.lowercased() if lowercase else tokenizer, cfg.seq_len, cfg.batch_size,
-                         cfg.seed, loss, cfg.scale, similarity, prompts, mini_batch_size=cfg.mini_batch_size, dims=dims)
-    task.lowercase = lowercase
+                         cfg.seed, loss, cfg.scale, similarity, prompts, mini_batch_size=cfg.mini_batch_size, dims=dims,
+                         lowercase=lowercase)
     return model, task
