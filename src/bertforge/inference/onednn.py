@@ -49,7 +49,7 @@ def matmul_rows(n: int, unpadded: bool, dtype: torch.dtype) -> int:
     """How many rows a fused block hands its matmuls for n tokens: in bf16 on unpadded tokens, n rounded
     up to a bucket (`padding.bucket_rows`; zero rows below the real ones, which attention never reads
     and the block drops at its end), else n. oneDNN compiles its bf16 matmuls anew for each new row
-    count (~1-20 ms each, ~10x the product at sentence batches; benchmarks/onednn_shapes.py), and an
+    count (~1-20 ms each, ~10x the product at sentence batches; docs/notes/2026-12-02-retired-benchmarks.md), and an
     unpadded batch has a new count nearly every time. Its fp32 products showed no such cost."""
     return bucket_rows(n) if unpadded and dtype == torch.bfloat16 else n
 

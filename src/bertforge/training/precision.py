@@ -10,7 +10,7 @@ bf16 keeps float32's exponent range, so no loss scaling is needed.
 - a CPU with AMX tiles (Sapphire Rapids and later Xeons) or AVX512-BF16 (Cooper Lake, Zen 4 and
   later): there a bf16 matmul ran 6.2x the fp32 one (2,253 vs 362 GFLOP/s, 2048², on a 2-core AMX
   Xeon; `benchmarks/train_peak.py`), and a whole training step 1.42x even at the main job's `tiny`
-  size, whose matmuls are the smallest (`benchmarks/precision_speed.py`);
+  size, whose matmuls are the smallest (docs/notes/2026-12-02-retired-benchmarks.md);
 - a CUDA GPU that supports bf16 (Ampere and later);
 - anything else runs fp32, where emulated bf16 would be slower, not faster.
 
