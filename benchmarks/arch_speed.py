@@ -45,37 +45,7 @@ import bertforge
 from bertforge.inference.backends import load as load_backend
 
 from .common import machine, save
-from .family_parity import texts, tokenizer_dir
-from .family_speed import timed
-
-SHAPES = {
-    "deberta-v2": ("DebertaV2", "deberta", dict(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-        relative_attention=True, position_buckets=256, max_relative_positions=-1, pos_att_type="p2c|c2p",
-        share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0,
-        layer_norm_eps=1e-7, max_position_embeddings=512)),
-    "modernbert": ("ModernBert", "modern", dict(
-        hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152, local_attention=128,
-        global_attn_every_n_layers=3, global_rope_theta=160000.0, local_rope_theta=10000.0,
-        max_position_embeddings=8192)),
-}
-NAMES = {"deberta-v2": "DeBERTa-v3-base", "modernbert": "ModernBERT-base"}
-
-
-def build(arch: str, root: Path, wiki: list[str]) -> Path:
-    """The random base-shaped model and its tokenizer, saved by transformers in root/m."""
-    prefix, kind, shape = SHAPES[arch]
-    tok_dir = tokenizer_dir(kind, wiki, root, arch)
-    tok = bertforge.AutoTokenizer.from_pretrained(tok_dir)
-    ids = {} if arch != "modernbert" else dict(pad_token_id=tok.pad_token_id, cls_token_id=tok.cls_token_id,
-                                               bos_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id,
-                                               eos_token_id=tok.sep_token_id)
-    torch.manual_seed(0)
-    config = getattr(transformers, prefix + "Config")(vocab_size=tok.vocab_size, **shape, **ids)
-    getattr(transformers, prefix + "Model")(config).save_pretrained(root / "m")
-    for f in tok_dir.iterdir():
-        (root / "m" / f.name).write_bytes(f.read_bytes())
-    return root / "m"
+from .helpers.family import BASE_SHAPES, NAMES, build, texts, timed
 
 
 def inputs(path: Path, sst: list[str], wiki: list[str], tokens: int | None, rows: int = 64,
@@ -203,7 +173,7 @@ def memory(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", choices=sorted(SHAPES), default="deberta-v2")
+    parser.add_argument("--arch", choices=sorted(BASE_SHAPES), default="deberta-v2")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=None, help="rows of this many tokens instead of SST-2 sentences")
     parser.add_argument("--rows", type=int, default=64)

@@ -30,8 +30,8 @@ from bertforge.inference.predict import run_predict
 from bertforge.training.precision import native_bf16
 
 from .common import DATA, machine, minilm_dir, need, save
-from .family_speed import timed
-from .inference import sst2
+from .helpers.family import timed
+from .helpers.inference import sst2
 
 
 def stsb() -> tuple[list[str], list[str], list[float]]:

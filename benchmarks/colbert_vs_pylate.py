@@ -72,9 +72,7 @@ def main() -> None:
     from bertforge.retrieval.squad import squad_retrieval
 
     from .common import DATA, bertforge_json as bertforge, machine, mean_std, minilm_dir, need, save
-    from .embed_vs_st import pairs_file
-    from .retrieval_ladder import encoder_only
-    from .sparse_vs_st import bm25
+    from .helpers.retrieval import bm25, encoder_only, pairs_file
 
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = {name: {"seconds": [], "ndcg@10": [], "vectors_per_document": []} for name in ("bertforge", "pylate")}

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+# ../shared/data beside the repo; BERTFORGE_BENCHMARK_DATA points elsewhere (the suite checks the refusal with it).
+DATA = Path(os.environ.get("BERTFORGE_BENCHMARK_DATA") or ROOT.parent / "shared" / "data")
 RESULTS = ROOT / "benchmarks" / "results"
 
 

@@ -35,14 +35,7 @@ import time
 from pathlib import Path
 
 from .common import DATA, machine, mean_std, minilm_dir, need, save
-
-
-def pairs_file(squad_set: Path, out: Path, count: int) -> Path:
-    from bertforge.data.retrieval import read_tuples
-
-    rows = read_tuples(str(squad_set), "train").rows[:count]
-    out.write_text("".join(json.dumps({"query": q, "positive": p}) + "\n" for q, p in rows), encoding="utf-8")
-    return out
+from .helpers.retrieval import pairs_file
 
 
 def run_bertforge(model: Path, train: Path, squad_set: Path, out: Path, seed: int) -> float:
@@ -96,7 +89,6 @@ def ndcg(model: Path, squad_set: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", default="1,2,3")
@@ -124,7 +116,7 @@ def main() -> None:
         squad_retrieval(need(DATA / "squad" / "dev-v1.1.json"), squad_set)
         train = pairs_file(squad_set, tmp / "train.jsonl", args.pairs)
         if args.mined:
-            from .retrieval_ladder import mine_step
+            from .helpers.retrieval import mine_step
 
             print(f"mined: {mine_step(model, squad_set, train, tmp / 'mined.jsonl')}", flush=True)
             train = tmp / "mined.jsonl"

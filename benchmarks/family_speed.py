@@ -19,7 +19,6 @@ import importlib.util
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -28,9 +27,9 @@ import transformers
 import bertforge
 from bertforge.inference.fused import fuse_for_inference
 
-from .common import machine
-from .family_parity import FAMILIES, MODERNBERT_IDS, ROOT, texts, tokenizer_dir
-from .family_parity import sizes_for as family_sizes  # DistilBERT's names for the shape
+from .common import ROOT, machine
+from .helpers.family import (FAMILIES, MODERNBERT_IDS, sizes_for as family_sizes,  # DistilBERT's names for the shape
+                             texts, timed, tokenizer_dir)
 
 SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
 # ALBERT and ELECTRA as published: 128-wide embeddings projected to the hidden size; ALBERT's 6 layers share one block.
@@ -66,14 +65,6 @@ def batches(path: Path, sentences: list[str]) -> list[dict[str, torch.Tensor]]:
     ordered = sorted(sentences, key=lambda s: len(tok(s)["input_ids"]))
     return [dict(tok(ordered[i:i + 32], padding=True, truncation=True, max_length=128, return_tensors="pt"))
             for i in range(0, len(ordered), 32)]
-
-
-def timed(model, work: list[dict[str, torch.Tensor]]) -> float:
-    start = time.perf_counter()
-    with torch.inference_mode():
-        for batch in work:
-            model(**batch)
-    return time.perf_counter() - start
 
 
 def main() -> None:

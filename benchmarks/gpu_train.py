@@ -38,8 +38,7 @@ from bertforge.training import trainer
 from bertforge.training.precision import resolve
 
 from .common import machine, median, minilm_dir, wikitext_articles
-from .pretrain_throughput import paired_models
-from .train_peak import PRECISIONS, end_to_end, masked_batches, non_embedding_parameters
+from .helpers.training import PRECISIONS, end_to_end, masked_batches, non_embedding_parameters, paired_models
 
 
 def cuda_peaks(n: int = 8192, repeats: int = 10) -> dict[str, float]:

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bertforge.training.finetune import run_finetune
 from bertforge.runconfig import FinetuneConfig
+from bertforge.training.finetune import run_finetune
 
 from .common import DATA, machine, minilm_dir, need, save
 

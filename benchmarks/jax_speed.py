@@ -25,16 +25,15 @@ import numpy as np
 import torch
 import transformers
 
-from bertforge import BertConfig, BertForPreTraining, BertModel, Tokenizer
-from bertforge import jax as bjax
+from bertforge import BertConfig, BertForPreTraining, BertModel, Tokenizer, jax as bjax
 from bertforge.data.pretraining import MaskingCollator
 from bertforge.interop.hf import from_hf_state_dict
 from bertforge.jax.checkpoint import load_torch_state
 from bertforge.jax.train import make_optimizer, train_step as jax_step
 
 from .common import DATA, machine, median, minilm_dir, need, save
-from .pretrain_throughput import pair_examples, train_step as torch_step
-from .inference import batches
+from .helpers.inference import batches
+from .helpers.training import pair_examples, train_step as torch_step
 
 
 def pretraining(size: str, steps: int, batch_size: int) -> dict:

@@ -45,8 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .arch_speed import NAMES
 from .common import DATA, machine, minilm_dir, need, save
+from .helpers.family import NAMES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_utils import call, free_port, serving  # noqa: E402
@@ -200,8 +200,7 @@ def main() -> None:
             model = Path(tmp) / "all-MiniLM-L6-v2"
             shutil.copytree(minilm_dir(), model)
         else:
-            from .arch_speed import build
-            from .family_parity import texts as family_texts
+            from .helpers.family import build, texts as family_texts
 
             model = build(args.arch, Path(tmp), family_texts()[0])
         if args.infinity and "optimum" in args.engines:

@@ -52,8 +52,7 @@ def st_run(model: Path, train: Path, out: Path, seed: int = 0, bf16: bool = Fals
 
 def st_train(model_dir: str, train: str, out: str, seed: int = 0, bf16: bool = False) -> None:
     import datasets
-    from sentence_transformers.cross_encoder import (CrossEncoder, CrossEncoderTrainer,
-                                                     CrossEncoderTrainingArguments)
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
     from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
     from sentence_transformers.training_args import BatchSamplers
 
@@ -77,7 +76,7 @@ def quality(model: Path, train: Path, squad_set: Path, tmp: Path, pairs: int, se
     """Train both with each seed and rerank one first stage with each model (the control; see the docstring).
 
     Each finished seed is written to rerank_quality_vs_st_partial.json at once, so a stopped run keeps its seeds."""
-    from .retrieval_ladder import qrels_sample, verdict
+    from .helpers.retrieval import qrels_sample, verdict
 
     sample = qrels_sample(squad_set, "test", "test-sample", 100)
     first = bertforge_json("evaluate", "retrieval", "--model", str(minilm_dir()), "--data", str(squad_set),

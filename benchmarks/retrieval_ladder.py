@@ -30,73 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from .common import DATA, bertforge_json as bertforge, machine, mean_std, minilm_dir, need, save
-from .embed_vs_st import pairs_file
-
-
-
-def qrels_sample(squad_set: Path, split: str, name: str, count: int, seed: int = 0) -> str:
-    """Write qrels/`name`.tsv: a seeded sample of `count` judged queries of `split` (all when count is 0)."""
-    lines = (squad_set / "qrels" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
-    header, body = lines[0], lines[1:]
-    queries = sorted({line.split("\t")[0] for line in body})
-    keep = set(random.Random(seed).sample(queries, count)) if 0 < count < len(queries) else set(queries)
-    (squad_set / "qrels" / f"{name}.tsv").write_text(
-        "\n".join([header] + [line for line in body if line.split("\t")[0] in keep]) + "\n", encoding="utf-8")
-    return name
-
-
-def train_only_set(squad_set: Path, out: Path, queries: set[str]) -> Path:
-    """A BEIR folder of the train split alone: the given queries, and only passages relevant to train queries."""
-    from bertforge.retrieval.beir import read_beir
-
-    train = read_beir(squad_set, "train")
-    passages = {d for judged in train.qrels.values() for d in judged}
-    (out / "qrels").mkdir(parents=True)
-    (out / "corpus.jsonl").write_text("".join(
-        json.dumps({"_id": d, "title": "", "text": train.corpus[d]}) + "\n" for d in sorted(passages)), encoding="utf-8")
-    kept = {q: t for q, t in train.queries.items() if t in queries and q in train.qrels}
-    (out / "queries.jsonl").write_text("".join(
-        json.dumps({"_id": q, "text": t}) + "\n" for q, t in kept.items()), encoding="utf-8")
-    (out / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"{q}\t{d}\t{s}\n" for q in kept for d, s in train.qrels[q].items()), encoding="utf-8")
-    return out
-
-
-def mine_step(model: Path, squad_set: Path, train: Path, out: Path) -> dict:
-    """Step 3's mining (see the docstring) of the training pairs' queries into `out`; returns mine's summary with
-    its wall seconds. The same inputs give the same file (seeded draws), so other benchmarks train on these rows."""
-    queries = {json.loads(line)["query"] for line in train.read_text(encoding="utf-8").splitlines()}
-    started = time.time()
-    stats = bertforge("mine", "--model", str(model), "--data",
-                      str(train_only_set(squad_set, out.parent / "train-set", queries)), "--split", "train",
-                      "--out", str(out), "--num-negatives", "3", "--range-max", "30", "--relative-margin", "0.05",
-                      "--sampling", "random", "--seed", "0")
-    stats["seconds"] = time.time() - started
-    return stats
-
-
-def encoder_only(model: Path, out: Path) -> Path:
-    """The checkpoint's Hugging Face files without its sentence-transformers modules: a cross-encoder's start."""
-    out.mkdir()
-    for f in model.iterdir():
-        if f.is_file() and f.name not in ("modules.json", "sentence_bert_config.json",
-                                          "config_sentence_transformers.json", "README.md"):
-            shutil.copy(f, out / f.name)
-    return out
-
-
-
-def verdict(before: dict, after: dict) -> str:
-    gap = after["mean"] - before["mean"]
-    bound = max(before["std"], after["std"])
-    return "gain" if gap > bound else "loss" if gap < -bound else "the same"
+from .helpers.retrieval import encoder_only, mine_step, pairs_file, qrels_sample, verdict
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .common import DATA, ROOT, machine, median, minilm_dir, need, save
-from .inference import matmul_peak
+from .helpers.inference import matmul_peak
 
 TARGETS = {"pretrain_mini": 4.0, "pretrain_base": 1.75, "mfu_base": 0.55, "sorted_vs_hf": 1.2, "sorted_vs_ort": 1.0,
            "file_order_vs_hf": 2.0, "int8_vs_ort": 1.5, "memory": 1.0}
@@ -62,7 +62,7 @@ def section_pretrain(args, result: dict) -> None:
     from bertforge import BertConfig, Tokenizer
     from bertforge.data.pretraining import MaskingCollator
 
-    from .pretrain_throughput import pair_examples, run_size
+    from .helpers.training import pair_examples, run_size
 
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
     hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(minilm_dir())
@@ -119,7 +119,7 @@ def section_memory(args, result: dict) -> None:
     from bertforge import Tokenizer
     from bertforge.data.pretraining import MaskingCollator
 
-    from .pretrain_throughput import pair_examples
+    from .helpers.training import pair_examples
 
     tokenizer = Tokenizer.from_pretrained(minilm_dir())
     examples = pair_examples(tokenizer, 128, 6 * 16, seed=1)
@@ -145,7 +145,7 @@ def section_memory(args, result: dict) -> None:
 def section_finetune(args, result: dict) -> None:
     from bertforge.training.finetune import FinetuneConfig, run_finetune
 
-    from .finetune_vs_trainer import run_trainer, subset
+    from .helpers.finetune import run_trainer, subset
 
     work = Path(tempfile.mkdtemp(prefix="bf-suite-ft-"))
     rows = 2000
@@ -171,7 +171,7 @@ def section_finetune(args, result: dict) -> None:
 
 
 def section_inference(args, result: dict) -> None:
-    from .inference import measure
+    from .helpers.inference import measure
 
     r = measure(args.repeats, args.classifier)
     result["inference"] = r
@@ -183,7 +183,7 @@ def section_inference(args, result: dict) -> None:
 
 
 def section_training(args, result: dict) -> None:
-    from .train_peak import measure
+    from .helpers.training import measure
 
     r = measure(["mini", "base"], steps=6, e2e_steps=40)
     result["training"] = r

@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 
 from .common import DATA, bertforge_json as bertforge, machine, mean_std, minilm_dir, need, save
-from .embed_vs_st import pairs_file
-
+from .helpers.retrieval import bm25, pairs_file
 
 
 def with_mlm_head(out: Path, steps: int) -> Path:
@@ -70,26 +69,6 @@ def st_train(model_dir: str, train: str, out: str, seed: int) -> None:
     runtime = trainer.train().metrics["train_runtime"]
     model.save(out)
     print(runtime)
-
-
-def bm25(squad_set: Path) -> dict:
-    """BM25 (bm25s) on the test split, scored by bertforge's trec_eval measures."""
-    import bm25s
-
-    from bertforge.retrieval.beir import read_beir
-    from bertforge.retrieval.metrics import evaluate_run
-
-    data = read_beir(squad_set, "test")
-    doc_ids = list(data.corpus)
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize([data.corpus[d] for d in doc_ids], stopwords="en", show_progress=False),
-                    show_progress=False)
-    queries = data.judged_queries()
-    found, scores = retriever.retrieve(bm25s.tokenize(list(queries.values()), stopwords="en", show_progress=False),
-                                       k=100, show_progress=False)
-    run = {q: {doc_ids[int(i)]: float(s) for i, s in zip(row, row_scores)}
-           for q, row, row_scores in zip(queries, found, scores)}
-    return evaluate_run(run, data.qrels)[0]
 
 
 def summarise(partial: dict) -> dict:

@@ -62,8 +62,8 @@ def test_a_step_too_large_for_the_address_space_is_refused_before_it_starts(tmp_
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_estimate_leans_low_but_close_to_a_measured_step(precision):
     """The estimate stays at or under what a real step adds (a refusal must never turn away a run that fits),
-    and not far under: measured on a small BERT in a fresh process (benchmarks/memory_estimate.py's step)."""
-    from benchmarks.memory_estimate import measure
+    and not far under: measured on a small BERT in a fresh process (tests/memory_step.py)."""
+    from memory_step import measure
 
     row = measure("L4-H256", 8, 512, precision, native=True)
     assert 0.5 <= row["estimate"] / row["measured"] <= 1.05, row
