@@ -51,7 +51,7 @@ from .helpers.family import NAMES
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_utils import call, free_port, serving  # noqa: E402
 
-from bertforge.server.loadtest import run_load  # noqa: E402
+from loadtest import run_load  # noqa: E402  (the suite's bounded loopback load generator)
 
 MODEL_NAME = "model"
 ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}

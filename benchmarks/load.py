@@ -25,7 +25,7 @@ from .common import DATA, machine, minilm_dir, need, save
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from server_utils import call, free_port, running_server, serving  # noqa: E402
 
-from bertforge.server.loadtest import run_load  # noqa: E402
+from loadtest import run_load  # noqa: E402  (the suite's bounded loopback load generator)
 
 
 def main() -> None:

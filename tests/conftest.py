@@ -29,14 +29,22 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(_share)
 # `--matmul auto` caches its timings per machine (training/matmul.py): tests keep theirs in a directory
 # of their own, not the user's ~/.cache. Subprocesses inherit it, so a test's runs agree with each other.
-os.environ["BERTFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertforge-test-cache-")
-atexit.register(shutil.rmtree, os.environ["BERTFORGE_CACHE_DIR"], True)
+# Under pytest-xdist the controller makes the directories and its workers inherit them (setdefault), so `--backend
+# auto`'s measurement and the MiniLM ONNX export are made once a session, not once a worker; whoever made one removes it.
+
+
+def _session_dir(variable: str, prefix: str) -> None:
+    if variable not in os.environ:
+        os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, os.environ[variable], True)
+
+
+_session_dir("BERTFORGE_CACHE_DIR", "bertforge-test-cache-")
 # JAX compiles each training and evaluation step anew in every process, ~10-20 s on 2 cores; a test
 # that runs `--backend jax` three times (a run, a killed run, its resume) compiled the same steps
 # three times. XLA's persistent cache gives the later runs the first one's executables (the same
 # code, so the same bits), in a directory of this session's own.
-os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertforge-test-jax-")
-atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+_session_dir("JAX_COMPILATION_CACHE_DIR", "bertforge-test-jax-")
 # The native kernels, built (or loaded) once before any test runs, so that no test that reads a command's stderr
 # meets a first compile's announcement and progress lines. Under pytest-xdist the controller builds and the
 # workers load; the tests of a first run (test_kernel_cache.py) use caches of their own.

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+from conftest import GPU_DETERMINISTIC
+
+ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
 
 
 def kill_after_checkpoint(args: list[str], checkpoints: Path, pattern: str, seed: int, max_delay: float,
@@ -42,3 +49,65 @@ def whole_and_resumed(args_for, tmp_path: Path, seed: int, max_delay: float = 0.
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming at step" in resumed.stderr
     return tmp_path / "whole", out
+
+
+class Lines:
+    """A process's stderr, line by line, each with the seconds since the process started."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=cwd, start_new_session=True)
+        self.lines: list[tuple[float, str]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # never let a full pipe block it
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
+
+    def wait_for(self, pattern: str, timeout: float) -> tuple[float, str] | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for item in list(self.lines):
+                if re.search(pattern, item[1]):
+                    return item
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                return None
+            time.sleep(0.05)
+        return None
+
+    def finish(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self.reader.join(10)
+        return code
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+
+def stop_at(args: list[str], out: Path, after_step: int, sig: int) -> subprocess.CompletedProcess:
+    """Start the run, send `sig` once its metrics.jsonl shows `after_step`, and wait for it to end."""
+    proc = subprocess.Popen([sys.executable, "-m", "bertforge", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        # Whole lines only: the run may be mid-way through writing the last one.
+        rows = metrics.read_text().split("\n")[:-1] if metrics.is_file() else []
+        if rows and json.loads(rows[-1])["step"] >= after_step:
+            break
+        time.sleep(0.02)
+    sent = time.time()
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert time.time() - sent < 60, "the run took more than a minute to stop"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def stoppable_pretrain_args(run_inputs, out: Path, *extra: str) -> list[str]:
+    corpus, tok = run_inputs
+    return ["pretrain", str(corpus), "--tokenizer", str(tok), "--model", "L2-H64", "--seq-len", "32",
+            "--batch-size", "8", "--workers", "1", "--max-steps", "80", "--save-every", "1000", "--log-every", "1",
+            "--eval-every", "40", "--out", str(out), *GPU_DETERMINISTIC, *extra]

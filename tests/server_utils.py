@@ -15,6 +15,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from conftest import SERVE_KEY as KEY  # the `embedder` server's API key
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -73,3 +75,14 @@ def running_server(model_dir: Path, *flags: str, ready_s: float = 120) -> Iterat
     with serving([sys.executable, "-m", "bertforge", "serve", "--model", str(model_dir), "--port", str(port),
                   *flags], port, ready_s=ready_s) as proc:
         yield port, proc
+
+
+def post(port: int, path: str, body, key: str | None = KEY, content_type: str = "application/json"):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": content_type} | ({"Authorization": f"Bearer {key}"} if key else {})
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -25,7 +25,7 @@ from bertforge.errors import ConfigError  # noqa: E402
 from bertforge.inference.multi_vector import multi_vector_embed  # noqa: E402
 from bertforge.interop.colbert_dir import load_colbert, read_colbert_dir, save_colbert_dir  # noqa: E402
 from conftest import perturbed  # noqa: E402
-from test_family_parity import FAMILIES, SHAPES, SHAPES_OF  # noqa: E402
+from family_utils import FAMILIES, SHAPES, SHAPES_OF  # noqa: E402
 
 BACKBONES = {"bert": ("BertConfig", "BertModel"),
              **{name: (config, heads["AutoModel"]) for name, (config, heads) in FAMILIES.items()}}
@@ -204,7 +204,7 @@ def test_colbert_retrieval_is_exact_maxsim(tmp_path, minilm_dir):
     """`evaluate retrieval` on a ColBERT directory: its run equals MaxSim over MultiVectorEncoder's own vectors (every
     query vector's best dot product with a document vector, summed)."""
     from bertforge.retrieval.evaluate import run_retrieval_evaluation
-    from test_splade import exact_measures
+    from retrieval_utils import exact_measures
 
     path, _, _ = _ours(tmp_path, "bert", minilm_dir)
     beir = tmp_path / "beir"

@@ -7,13 +7,10 @@ where the machine allows it, else skipped).
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
 import subprocess
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,22 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertforge import BertConfig, BertForMaskedLM, BertForSequenceClassification, Tokenizer
-from test_operator_faults import cli, pretrain_args, snapshot
-
-
-@contextlib.contextmanager
-def small_disk(tmp_path: Path, size: str, read_only: bool = False) -> Iterator[Path]:
-    """A tmpfs of `size` mounted at a fresh folder under tmp_path, unmounted afterwards."""
-    where = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
-    where.mkdir()
-    options = f"size={size}" + (",ro" if read_only else "")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+from cli_utils import pretrain_args
+from cli_utils import cli, snapshot
+from disk_utils import small_disk
 
 
 def one_line(result: subprocess.CompletedProcess, *words: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import GPU_DETERMINISTIC, perturbed, shared
-from test_finetune import run, slice_file
+from cli_utils import cli as run, slice_file
 
 from bertforge.errors import BertforgeError, ConfigError
 from bertforge.models.config import BertConfig
@@ -367,7 +367,7 @@ def test_distill_ner_and_qa_end_to_end(tmp_path, minilm_dir, kind):
     (--teacher-cache-mb 0), qa from the cache; the student's directory loads in transformers with its head,
     and the results give both models' scores and speeds."""
     from family_checks import small_squad
-    from test_finetune import slice_file
+    from cli_utils import slice_file
 
     from bertforge import Tokenizer
     from bertforge.models.heads import BertForQuestionAnswering, BertForTokenClassification

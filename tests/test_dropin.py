@@ -22,7 +22,7 @@ from bertforge import Tokenizer  # noqa: E402
 from bertforge.tokenization.sentence import ByteLevelBPETokenizer  # noqa: E402
 
 from conftest import corpus, perturbed  # noqa: E402
-from test_family_parity import MODERNBERT_SHAPES, SHAPES  # noqa: E402
+from family_utils import MODERNBERT_SHAPES, SHAPES  # noqa: E402
 
 TEXTS = ["the film was good .", "a bad film , truly bad and long", "Héllo wörld"]
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,12 +13,7 @@ from bertforge import (BertConfig, BertForPreTraining, BertModel, CheckpointErro
                        TokenizerError)
 
 from conftest import TINY
-
-
-def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+from cli_utils import cli
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -43,7 +37,7 @@ def test_directory_without_config(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(CheckpointError, match="no config.json"):
         BertModel.from_pretrained(tmp_path)
-    assert_one_line_error(run_cli("inspect", str(tmp_path)), str(tmp_path), "no config.json")
+    assert_one_line_error(cli("inspect", str(tmp_path)), str(tmp_path), "no config.json")
 
 
 def test_directory_without_weights(tmp_path):
@@ -59,7 +53,7 @@ def test_truncated_safetensors(saved, keep):
     file.write_bytes(data[: int(len(data) * keep)] if keep < 1 else data[:keep])
     with pytest.raises(CheckpointError, match="model.safetensors: cannot read safetensors"):
         BertForPreTraining.from_pretrained(saved)
-    assert_one_line_error(run_cli("inspect", str(saved)), "model.safetensors")
+    assert_one_line_error(cli("inspect", str(saved)), "model.safetensors")
 
 
 def test_config_that_does_not_match_weights(saved):
@@ -68,7 +62,7 @@ def test_config_that_does_not_match_weights(saved):
     (saved / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"key 'bert.encoder.layer.0.intermediate.dense.(weight|bias)' has shape \(37"):
         BertForPreTraining.from_pretrained(saved)
-    assert_one_line_error(run_cli("inspect", str(saved)), "layer.0.intermediate.dense", "does not match")
+    assert_one_line_error(cli("inspect", str(saved)), "layer.0.intermediate.dense", "does not match")
 
 
 def test_bin_with_code_is_refused(tmp_path):
@@ -118,7 +112,7 @@ def test_mismatched_shapes():
 def test_cli_vocab_not_utf8(tmp_path):
     bad = tmp_path / "corpus.txt"
     bad.write_bytes(b"fine text\n\xff\xfe broken\n")
-    assert_one_line_error(run_cli("tokenizer", "train", str(bad), "--out", str(tmp_path / "tok")),
+    assert_one_line_error(cli("tokenizer", "train", str(bad), "--out", str(tmp_path / "tok")),
                           "corpus.txt", "not UTF-8 at byte 10")
     with pytest.raises(TokenizerError):
         from bertforge import Tokenizer

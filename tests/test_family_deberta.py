@@ -16,7 +16,7 @@ from bertforge.errors import ConfigError  # noqa: E402
 from bertforge.models.deberta_v2 import DebertaV2Config, log_buckets  # noqa: E402
 
 from conftest import perturbed  # noqa: E402
-from test_family_parity import DEBERTA_SHAPES, batch  # noqa: E402
+from family_utils import DEBERTA_SHAPES, batch  # noqa: E402
 
 
 def saved(tmp_path, cls: str, **config):

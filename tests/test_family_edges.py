@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from test_family_parity import MODERNBERT_IDS, SHAPES, assert_both_ways  # noqa: E402
+from family_utils import MODERNBERT_IDS, SHAPES, assert_both_ways  # noqa: E402
 
 EDGES = {
     # ELECTRA's embeddings wider than its hidden size: the projection narrows (48 -> 32).

@@ -170,7 +170,7 @@ def test_finetune(dirs, tmp_path, task):
     """`finetune classify|qa` from the checkpoint's backbone builds its family's head and writes what transformers
     loads; QA runs through the family's offsets (ALBERT's Unigram) and is scored by the official rules."""
     from conftest import shared
-    from test_finetune import run, slice_file
+    from cli_utils import cli as run, slice_file
 
     if task == "qa":
         train, dev = small_squad(tmp_path)

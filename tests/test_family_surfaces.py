@@ -144,7 +144,7 @@ def test_finetune_a_roberta(tmp_path, roberta_backbone, task, files, arch):
     """`finetune` builds the head of the checkpoint's family and writes what transformers loads (QA through
     byte-level BPE offsets, scored by the official rules)."""
     from conftest import shared
-    from test_finetune import run, slice_file
+    from cli_utils import cli as run, slice_file
 
     if task == "qa":
         train, dev = small_squad(tmp_path)
@@ -217,7 +217,7 @@ def test_squad_spans_round_trip_through_the_family_tokenizers(kind, unigram_dirs
     """gold answer -> token span -> text, over SQuAD v1.1 dev, with byte-level BPE and Unigram offsets, as
     `finetune qa` and the qa pipeline use them."""
     from conftest import shared
-    from test_qa import span_recovery
+    from qa_utils import span_recovery
 
     from bertforge.data.qa import qa_features, read_squad
 

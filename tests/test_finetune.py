@@ -4,9 +4,6 @@ alignment, and short end-to-end runs for classify / regress / ner with the HF ex
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from bertforge.errors import InputError
 from bertforge.tasks.token_classification import ner_features
 
 from conftest import GPU_DETERMINISTIC, shared
+from cli_utils import cli, slice_file
 
 
 def test_glue_readers():
@@ -93,22 +91,11 @@ def tiny_checkpoint(tmp_path_factory, minilm_dir) -> Path:
     return path
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
-
-
-def slice_file(src: Path, dst: Path, lines: int) -> Path:
-    dst.write_text("".join(src.read_text(encoding="utf-8-sig").splitlines(keepends=True)[:lines]), encoding="utf-8")
-    return dst
-
-
 def test_finetune_classify_end_to_end(tmp_path, tiny_checkpoint):
     train = slice_file(shared("glue", "RTE", "train.tsv"), tmp_path / "train.tsv", 65)
     dev = slice_file(shared("glue", "RTE", "dev.tsv"), tmp_path / "dev.tsv", 41)
     out = tmp_path / "out"
-    result = run("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
+    result = cli("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
                  "--out", str(out), "--epochs", "2", "--batch-size", "16", "--lr", "1e-3")
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "eval_results.json").read_text())
@@ -121,14 +108,14 @@ def test_finetune_classify_end_to_end(tmp_path, tiny_checkpoint):
     transformers = pytest.importorskip("transformers")
     _, info = transformers.BertForSequenceClassification.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"]
-    again = run("evaluate", "classify", "--model", str(out), "--data", str(dev), "--predictions", str(tmp_path / "p.jsonl"),
+    again = cli("evaluate", "classify", "--model", str(out), "--data", str(dev), "--predictions", str(tmp_path / "p.jsonl"),
                 "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["accuracy"] == pytest.approx(results["accuracy"])
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 40
     # A model whose labels differ from the data's is refused, by name.
     sst = slice_file(shared("glue", "SST-2", "dev.tsv"), tmp_path / "sst.tsv", 30)
-    refused = run("finetune", "classify", "--model", str(out), "--train", str(sst), "--dev", str(sst),
+    refused = cli("finetune", "classify", "--model", str(out), "--train", str(sst), "--dev", str(sst),
                   "--out", str(tmp_path / "x"))
     assert refused.returncode == 2 and "labels (entailment, not_entailment) differ" in refused.stderr
 
@@ -146,7 +133,7 @@ def test_finetune_eval_every_config_file_and_exact_resume(tmp_path, tiny_checkpo
                       "max_steps: 24\neval_every: 4\nsave_every: 2\nseed: 5\nepochs: 100\n"
                       + ("deterministic: true\n" if GPU_DETERMINISTIC else ""), encoding="utf-8")
     whole = tmp_path / "whole"
-    result = run("finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(whole), "--json")
+    result = cli("finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(whole), "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     saved = json.loads((whole / "run_config.json").read_text())
@@ -160,7 +147,7 @@ def test_finetune_eval_every_config_file_and_exact_resume(tmp_path, tiny_checkpo
     killed = tmp_path / "killed"
     kill_after_checkpoint(["finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(killed)],
                           killed / "checkpoints", "step-0000001*", seed=2, max_delay=0.3)
-    resumed = run("finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(killed), "--resume",
+    resumed = cli("finetune", "classify", "--config", str(config), "--seed", "3", "--out", str(killed), "--resume",
                   "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout.strip().splitlines()[-1])["selected_step"] == summary["selected_step"]
@@ -169,22 +156,22 @@ def test_finetune_eval_every_config_file_and_exact_resume(tmp_path, tiny_checkpo
     # Config files are checked key by key.
     bad = tmp_path / "bad.json"
     bad.write_text('{"batch_size": "eight"}', encoding="utf-8")
-    refused = run("finetune", "classify", "--config", str(bad))
+    refused = cli("finetune", "classify", "--config", str(bad))
     assert refused.returncode == 2 and "bad.json: batch_size must be an integer" in refused.stderr
     bad.write_text('{"batchsize": 8}', encoding="utf-8")
-    refused = run("finetune", "classify", "--config", str(bad))
+    refused = cli("finetune", "classify", "--config", str(bad))
     assert refused.returncode == 2 and "bad.json: unknown key 'batchsize'; did you mean 'batch_size'?" in refused.stderr
 
 
 def test_finetune_unseen_dev_label_and_output_protection(tmp_path, tiny_checkpoint):
     (tmp_path / "train.tsv").write_text("sentence\tlabel\na\tpos\nb\tneg\n", encoding="utf-8")
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\nc\tpos\nd\tneutral\n", encoding="utf-8")
-    result = run("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(tmp_path / "train.tsv"),
+    result = cli("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(tmp_path / "train.tsv"),
                  "--dev", str(tmp_path / "dev.tsv"), "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and "dev.tsv:3: label 'neutral' is not among the training labels" in result.stderr
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
-    result = run("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(tmp_path / "train.tsv"),
+    result = cli("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(tmp_path / "train.tsv"),
                  "--dev", str(tmp_path / "train.tsv"), "--out", str(tmp_path / "busy"))
     assert result.returncode == 2 and "--overwrite" in result.stderr
     assert [p.name for p in (tmp_path / "busy").iterdir()] == ["keep.txt"]
@@ -194,7 +181,7 @@ def test_finetune_regress_with_seeds(tmp_path, tiny_checkpoint):
     train = slice_file(shared("glue", "STS-B", "train.tsv"), tmp_path / "train.tsv", 49)
     dev = slice_file(shared("glue", "STS-B", "dev.tsv"), tmp_path / "dev.tsv", 41)
     out = tmp_path / "out"
-    result = run("finetune", "regress", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
+    result = cli("finetune", "regress", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
                  "--out", str(out), "--epochs", "1", "--batch-size", "16", "--seeds", "1,2")
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "eval_results.json").read_text())
@@ -206,7 +193,7 @@ def test_finetune_ner(tmp_path, tiny_checkpoint):
     train = slice_file(shared("conll2003", "train.txt"), tmp_path / "train.txt", 400)
     dev = slice_file(shared("conll2003", "valid.txt"), tmp_path / "dev.txt", 200)
     out = tmp_path / "out"
-    result = run("finetune", "ner", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
+    result = cli("finetune", "ner", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
                  "--out", str(out), "--epochs", "1", "--batch-size", "8")
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "eval_results.json").read_text())
@@ -215,7 +202,7 @@ def test_finetune_ner(tmp_path, tiny_checkpoint):
     assert config["architectures"] == ["BertForTokenClassification"] and "B-PER" in config["label2id"]
     bad = tmp_path / "bad.txt"
     bad.write_text("EU B-ORG\nrejects O X\n", encoding="utf-8")
-    result = run("finetune", "ner", "--model", str(tiny_checkpoint), "--train", str(bad), "--dev", str(dev),
+    result = cli("finetune", "ner", "--model", str(tiny_checkpoint), "--train", str(bad), "--dev", str(dev),
                  "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "bad.txt:2: 3 columns where the file has 2" in result.stderr
 

@@ -21,7 +21,8 @@ from bertforge.inference.multi_vector import multi_vector_embed  # noqa: E402
 from bertforge.interop.colbert_dir import load_colbert  # noqa: E402
 from bertforge.tasks.colbert import contrastive, distillation  # noqa: E402
 from conftest import perturbed  # noqa: E402
-from test_finetune_embed import _sentences, first_step_gradients  # noqa: E402
+from embed_utils import first_step_gradients  # noqa: E402
+from conftest import random_sentences as _sentences  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from bertforge.tasks.embedding import unique_batches  # noqa: E402
 from bertforge.tasks.embedding_losses import LOSSES, SCORED_PAIRS, SCORED_TUPLES  # noqa: E402
 from bertforge.tokenization.kinds import load_tokenizer  # noqa: E402
 from conftest import random_sentences  # noqa: E402
+from embed_utils import first_step_gradients  # noqa: E402
 
 _sentences = random_sentences
 
@@ -230,13 +231,6 @@ def test_a_beir_query_without_a_positive_is_refused(tmp_path):
 
     with pytest.raises(InputError, match=r"qrels/train.tsv: query 'q2' has no relevant document"):
         read_tuples(str(folder), "train")
-
-
-def first_step_gradients(task, model: torch.nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
-    """The loss of `task`'s first micro-batch and every parameter's gradient, backpropagated as the loop does."""
-    loss, _ = task.loss(model, task.micro_batch(0, 0))
-    (loss / 2).backward()  # as the loop scales it for gradient accumulation
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def test_gradcache_gives_the_uncached_gradients(st_dir, data):

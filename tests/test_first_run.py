@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from test_kernel_cache import Lines
+from kill_utils import Lines
 
 
 def test_a_piped_first_pretrain_is_never_silent_and_keeps_the_compile_out_of_its_budget(tmp_path):

@@ -25,8 +25,8 @@ from bertforge.errors import ConfigError  # noqa: E402
 from bertforge.inference.sparse import SparseModel  # noqa: E402
 from bertforge.interop.sparse_dir import load_splade, read_sparse_dir, save_sparse_dir  # noqa: E402
 from bertforge.tokenization.kinds import load_tokenizer  # noqa: E402
-from test_finetune_sparse import _flags, data, splade_dir  # noqa: E402,F401  (fixtures)
-from test_finetune_embed import _sentences  # noqa: E402
+from sparse_utils import _flags, data, splade_dir  # noqa: E402,F401  (fixtures)
+from conftest import random_sentences as _sentences  # noqa: E402
 
 QUERIES = ["who wrote the first violin concerto?", "tides moon gravity gravity", "", "a b c"]
 DOCUMENTS = ["Tides are caused by the moon's gravity.", "a",

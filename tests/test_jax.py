@@ -192,12 +192,13 @@ def test_pretrain_backend_jax_end_to_end_and_exact_resume(tmp_path, small_corpus
 
     from kill_utils import kill_after_checkpoint
     from safetensors.torch import load_file
-    from test_pretrain_run import base_args, cli
+
+    from cli_utils import base_args, cli
 
     corpus, tok = small_corpus
     steps = ["--backend", "jax", "--max-steps", "40", "--save-every", "2", "--eval-every", "20", "--json"]
     whole = tmp_path / "whole"
-    result = cli(*base_args(corpus, tok, whole, *steps))
+    result = cli("pretrain", *base_args(corpus, tok, whole, *steps))
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 40 and {"mlm_loss", "mlm_acc", "nsp_acc"} <= set(summary["eval"])
@@ -212,17 +213,17 @@ def test_pretrain_backend_jax_end_to_end_and_exact_resume(tmp_path, small_corpus
     killed = tmp_path / "killed"
     kill_after_checkpoint(["pretrain", *base_args(corpus, tok, killed, *steps)], killed / "checkpoints", "step-*",
                           seed=4, max_delay=0.2, OMP_NUM_THREADS="1")
-    resumed = cli(*base_args(corpus, tok, killed, *steps, "--resume"))
+    resumed = cli("pretrain", *base_args(corpus, tok, killed, *steps, "--resume"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(killed / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rows_b = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("loss")) for r in rows] == [(r["step"], r.get("loss")) for r in rows_b]
     # A JAX run's checkpoints resumed without --backend jax: refused by name, before any file is read.
-    other = cli(*base_args(corpus, tok, killed, "--max-steps", "40", "--save-every", "2", "--resume"))
+    other = cli("pretrain", *base_args(corpus, tok, killed, "--max-steps", "40", "--save-every", "2", "--resume"))
     assert other.returncode == 2 and "cannot resume: 'backend' was 'jax' and is now None" in other.stderr
     # What the JAX loop does not do is refused, by name.
-    refused = cli(*base_args(corpus, tok, tmp_path / "x", "--backend", "jax", "--pack", "--max-steps", "2"))
+    refused = cli("pretrain", *base_args(corpus, tok, tmp_path / "x", "--backend", "jax", "--pack", "--max-steps", "2"))
     assert refused.returncode == 2 and "pack (--pack) True is not available with --backend jax" in refused.stderr
 
 
@@ -254,7 +255,7 @@ def test_finetune_classify_backend_jax_selects_and_resumes_exactly(tmp_path, min
 
     from kill_utils import kill_after_checkpoint
     from safetensors.torch import load_file
-    from test_finetune import run, slice_file
+    from cli_utils import cli as run, slice_file
 
     tiny = tmp_path / "tiny"
     tok = Tokenizer.from_pretrained(minilm_dir)
@@ -298,21 +299,17 @@ def test_data_parallel_over_two_devices_takes_the_single_device_steps(tmp_path, 
     replicates the state and splits each batch over them: the same losses and weights as on one
     device, to float round-off (only the order of the cross-device sums differs)."""
     import json
-    import os
-    import subprocess
-    import sys
 
     from safetensors.torch import load_file
-    from test_pretrain_run import base_args
+
+    from cli_utils import base_args, cli
 
     corpus, tok = small_corpus
 
     def run(out, devices: int):
-        env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
         args = base_args(corpus, tok, out, "--backend", "jax", "--max-steps", "8", "--eval-every", "8")
-        return subprocess.run([sys.executable, "-m", "bertforge", "pretrain", *args], capture_output=True, text=True,
-                              env=env, timeout=600)
+        return cli("pretrain", *args, env={"OMP_NUM_THREADS": "1",
+                                           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"})
 
     one, two = run(tmp_path / "one", 1), run(tmp_path / "two", 2)
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from bertforge import kernels
 from bertforge.kernels import build
 
 from conftest import REPO
+from kill_utils import Lines
 
 
 def test_the_build_name_covers_sources_headers_compiler_and_flags(monkeypatch, tmp_path):
@@ -78,42 +78,6 @@ def test_kernels_status_reports_the_cache_in_text_and_json(tmp_path):
     run = subprocess.run([sys.executable, "-m", "bertforge", "kernels"], capture_output=True, text=True,
                          env={**env, "BERTFORGE_NATIVE_KERNELS": "0"}, timeout=120)
     assert run.returncode == 0 and run.stdout.startswith("native kernels: off"), run.stdout + run.stderr
-
-
-class Lines:
-    """A process's stderr, line by line, each with the seconds since the process started."""
-
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                                     cwd=cwd, start_new_session=True)
-        self.lines: list[tuple[float, str]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # never let a full pipe block it
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self.lines.append((time.monotonic() - self.started, line.rstrip("\n")))
-
-    def wait_for(self, pattern: str, timeout: float) -> tuple[float, str] | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for item in list(self.lines):
-                if re.search(pattern, item[1]):
-                    return item
-            if self.proc.poll() is not None and not self.reader.is_alive():
-                return None
-            time.sleep(0.05)
-        return None
-
-    def finish(self, timeout: float) -> int:
-        code = self.proc.wait(timeout)
-        self.reader.join(10)
-        return code
-
-    def text(self) -> str:
-        return "\n".join(line for _, line in self.lines)
 
 
 def _tree(root: Path) -> Path:

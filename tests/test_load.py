@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from bertforge.errors import InputError  # noqa: E402
-from bertforge.server.loadtest import run_load  # noqa: E402
+from loadtest import run_load  # noqa: E402  (the suite's bounded loopback load generator)
 from server_utils import call, running_server  # noqa: E402
 
 

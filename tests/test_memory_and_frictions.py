@@ -5,29 +5,15 @@ the operator did."""
 
 from __future__ import annotations
 
-import os
-import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import TINY, FixedBatches
+from cli_utils import cli
 
 GB = 1024 ** 3
-
-
-def cli(*args: str, limit_as: int | None = None, **kwargs) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-
-    def limit() -> None:
-        if limit_as is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
-
-    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, env=env,
-                          timeout=600, preexec_fn=limit, **kwargs)
 
 
 def pretrain_args(run_inputs, out: Path, *extra: str) -> list[str]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from bertforge.metrics import (classification_metrics, entity_metrics, normalize
                                squad_metrics, token_f1)
 
 from conftest import shared
+from cli_utils import cli
 
 
 def test_classification_by_hand():
@@ -91,8 +90,8 @@ def test_conll_reader_on_real_file_and_bad_rows(tmp_path):
         read_sentences(jsonl)
 
 
-def run_score(*args):
-    return subprocess.run([sys.executable, "-m", "bertforge", "score", *args, "--json"], capture_output=True, text=True)
+def score(*args: str):
+    return cli("score", *args, "--json")
 
 
 def test_score_cli(tmp_path):
@@ -100,17 +99,17 @@ def test_score_cli(tmp_path):
     gold.write_text("EU B-ORG\nrejects O\nGerman B-MISC\n\nPeter B-PER\nBlackburn I-PER\n", encoding="utf-8")
     pred = tmp_path / "pred.txt"
     pred.write_text("EU B-ORG\nrejects O\nGerman O\n\nPeter B-PER\nBlackburn I-PER\n", encoding="utf-8")
-    result = run_score("ner", str(gold), str(pred))
+    result = score("ner", str(gold), str(pred))
     assert result.returncode == 0, result.stderr
     m = json.loads(result.stdout)
     assert m["precision"] == 1.0 and m["recall"] == pytest.approx(2 / 3)
     (tmp_path / "g.txt").write_text("pos\nneg\npos\n")
     (tmp_path / "p.txt").write_text("pos\npos\npos\n")
-    m = json.loads(run_score("classification", str(tmp_path / "g.txt"), str(tmp_path / "p.txt")).stdout)
+    m = json.loads(score("classification", str(tmp_path / "g.txt"), str(tmp_path / "p.txt")).stdout)
     assert m["accuracy"] == pytest.approx(2 / 3)
     short = tmp_path / "short.txt"
     short.write_text("pos\n")
-    bad = run_score("classification", str(tmp_path / "g.txt"), str(short))
+    bad = score("classification", str(tmp_path / "g.txt"), str(short))
     assert bad.returncode == 2 and "1 labels, but" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -120,7 +119,7 @@ def test_score_squad_cli_on_real_dev(tmp_path):
     data = json.loads(dev.read_text(encoding="utf-8"))["data"]
     gold = {qa["id"]: qa["answers"][0]["text"] for a in data for p in a["paragraphs"] for qa in p["qas"]}
     (tmp_path / "pred.json").write_text(json.dumps(gold))
-    result = run_score("squad", str(dev), str(tmp_path / "pred.json"))
+    result = score("squad", str(dev), str(tmp_path / "pred.json"))
     assert json.loads(result.stdout) == {"exact_match": 100.0, "f1": 100.0, "total": 10570, "unanswered": 0}
     (tmp_path / "none.json").write_text("{}")
-    assert json.loads(run_score("squad", str(dev), str(tmp_path / "none.json")).stdout)["f1"] == 0.0
+    assert json.loads(score("squad", str(dev), str(tmp_path / "none.json")).stdout)["f1"] == 0.0

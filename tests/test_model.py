@@ -10,7 +10,7 @@ import torch
 from bertforge import (PRESETS, BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
                        BertModel, ConfigError)
 from bertforge.interop.hf import to_hf_state_dict
-from bertforge.models.numpy_ref import bert_forward
+from numpy_ref import bert_forward
 
 from conftest import TINY
 

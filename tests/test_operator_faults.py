@@ -8,7 +8,6 @@ user had is byte for byte what it was.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -18,25 +17,7 @@ from pathlib import Path
 import pytest
 
 from bertforge import BertConfig, BertForSequenceClassification, Tokenizer
-from conftest import GPU_DETERMINISTIC
-
-
-
-def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, env=env,
-                          timeout=600, **kwargs)
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every file under root (the lock file aside) by relative path, with a hash of its bytes."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".bertforge.lock"}
-
-
-def pretrain_args(corpus: Path, tokenizer_dir: Path, out: Path, *extra: str) -> list[str]:
-    return ["pretrain", str(corpus), "--tokenizer", str(tokenizer_dir), "--model", "L2-H64", "--seq-len", "32",
-            "--batch-size", "8", "--workers", "1", "--out", str(out), *GPU_DETERMINISTIC, *extra]
+from cli_utils import cli, pretrain_args, slice_file, snapshot
 
 
 @pytest.fixture()
@@ -52,7 +33,6 @@ def model_dir(tmp_path, run_inputs) -> Path:
 @pytest.mark.parametrize("where, relation", [(".", "is"), ("..", "contains"), ("sub", "lies inside")])
 def test_an_out_that_touches_the_model_is_refused_and_the_model_kept(tmp_path, model_dir, where, relation):
     from conftest import shared
-    from test_finetune import slice_file
 
     train = slice_file(shared("glue", "SST-2", "train.tsv"), tmp_path / "train", 20)
     before = snapshot(model_dir)

@@ -4,9 +4,6 @@ under length bucketing, NER windows and offsets, QA offsets, and bad input."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +15,8 @@ from bertforge.inference import pipelines
 from bertforge.inference.predict import run_predict
 
 from conftest import sst2_sentences
+from cli_utils import cli
+import functools
 
 
 def test_embed_equals_sentence_transformers(minilm_dir):
@@ -111,17 +110,15 @@ def test_qa_offsets_for_long_contexts(tok):
     assert context[r["start"]:r["end"]] == r["answer"] and r["answer"] and 0 <= r["score"] <= 1
 
 
-def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bertforge", "predict", *args], capture_output=True, text=True,
-                          input=stdin, env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=300)
+predict = functools.partial(cli, "predict")
 
 
 def test_predict_cli_inputs_and_bad_input(tmp_path, minilm_dir):
-    good = run_cli("similarity", "--model", str(minilm_dir), stdin='{"text": "a dog runs", "text_pair": "a puppy runs"}\n')
+    good = predict("similarity", "--model", str(minilm_dir), stdin='{"text": "a dog runs", "text_pair": "a puppy runs"}\n')
     assert good.returncode == 0 and json.loads(good.stdout)["similarity"] > 0.5
     candidates = tmp_path / "c.txt"
     candidates.write_text("the weather is sunny\na puppy is running\nstock prices fell\n")
-    top = json.loads(run_cli("similarity", "--model", str(minilm_dir), "--against", str(candidates), "--top-k", "1",
+    top = json.loads(predict("similarity", "--model", str(minilm_dir), "--against", str(candidates), "--top-k", "1",
                              "a dog runs").stdout)
     assert top["matches"][0]["text"] == "a puppy is running"
     for args, stdin, message in [
@@ -132,7 +129,7 @@ def test_predict_cli_inputs_and_bad_input(tmp_path, minilm_dir):
     ]:
         (tmp_path / "blank.txt").write_text("one\n\nthree\n")
         (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
-        result = run_cli(*args, stdin=stdin)
+        result = predict(*args, stdin=stdin)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

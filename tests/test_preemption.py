@@ -21,33 +21,11 @@ from safetensors.torch import load_file
 
 from bertforge import BertConfig, BertModel, Tokenizer
 from conftest import GPU_DETERMINISTIC
+from kill_utils import stop_at, stoppable_pretrain_args
+from cli_utils import cli, slice_file
 
 
 ENV = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-
-
-def run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, env=ENV,
-                          timeout=600)
-
-
-def stop_at(args: list[str], out: Path, after_step: int, sig: int) -> subprocess.CompletedProcess:
-    """Start the run, send `sig` once its metrics.jsonl shows `after_step`, and wait for it to end."""
-    proc = subprocess.Popen([sys.executable, "-m", "bertforge", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV)
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        # Whole lines only: the run may be mid-way through writing the last one.
-        rows = metrics.read_text().split("\n")[:-1] if metrics.is_file() else []
-        if rows and json.loads(rows[-1])["step"] >= after_step:
-            break
-        time.sleep(0.02)
-    sent = time.time()
-    proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert time.time() - sent < 60, "the run took more than a minute to stop"
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def resume_command(stderr: str) -> list[str]:
@@ -58,19 +36,12 @@ def resume_command(stderr: str) -> list[str]:
     return words[1:]
 
 
-def pretrain_args(run_inputs, out: Path, *extra: str) -> list[str]:
-    corpus, tok = run_inputs
-    return ["pretrain", str(corpus), "--tokenizer", str(tok), "--model", "L2-H64", "--seq-len", "32",
-            "--batch-size", "8", "--workers", "1", "--max-steps", "80", "--save-every", "1000", "--log-every", "1",
-            "--eval-every", "40", "--out", str(out), *GPU_DETERMINISTIC, *extra]
-
-
 @pytest.mark.parametrize("sig, after", [(signal.SIGTERM, 7), (signal.SIGUSR1, 23)])
 def test_pretrain_stopped_by_a_signal_resumes_bit_for_bit(tmp_path, run_inputs, sig, after):
     whole = tmp_path / "whole"
-    assert run(pretrain_args(run_inputs, whole)).returncode == 0
+    assert cli(*stoppable_pretrain_args(run_inputs, whole)).returncode == 0
     out = tmp_path / "stopped"
-    stopped = stop_at(pretrain_args(run_inputs, out), out, after, sig)
+    stopped = stop_at(stoppable_pretrain_args(run_inputs, out), out, after, sig)
     name = signal.Signals(sig).name
     assert stopped.returncode == 128 + sig, stopped.stderr
     line = next(line for line in stopped.stderr.splitlines() if line.startswith("bertforge: stopped by"))
@@ -78,7 +49,7 @@ def test_pretrain_stopped_by_a_signal_resumes_bit_for_bit(tmp_path, run_inputs, 
     assert line.startswith(f"bertforge: stopped by {name} at step {step}; checkpoint ")
     assert (out / "checkpoints" / f"step-{step:08d}").is_dir() and "Traceback" not in stopped.stderr
     assert step < 80 and not (out / "model.safetensors").exists()
-    resumed = run(resume_command(stopped.stderr))
+    resumed = cli(*resume_command(stopped.stderr))
     assert resumed.returncode == 0, resumed.stderr
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
@@ -86,7 +57,6 @@ def test_pretrain_stopped_by_a_signal_resumes_bit_for_bit(tmp_path, run_inputs, 
 
 def test_finetune_stopped_by_ctrl_c_resumes_bit_for_bit(tmp_path, run_inputs):
     from conftest import shared
-    from test_finetune import slice_file
 
     tok = Tokenizer.from_pretrained(run_inputs[1])
     model = tmp_path / "base"
@@ -100,12 +70,12 @@ def test_finetune_stopped_by_ctrl_c_resumes_bit_for_bit(tmp_path, run_inputs):
                 "--log-every", "1", "--seed", "4", *GPU_DETERMINISTIC]
 
     whole = tmp_path / "whole"
-    assert run(args(whole)).returncode == 0
+    assert cli(*args(whole)).returncode == 0
     out = tmp_path / "stopped"
     stopped = stop_at(args(out), out, 30, signal.SIGINT)
     assert stopped.returncode == 130 and "bertforge: stopped by SIGINT at step" in stopped.stderr, stopped.stderr
     assert "interrupted" not in stopped.stderr and "Traceback" not in stopped.stderr
-    resumed = run(resume_command(stopped.stderr))
+    resumed = cli(*resume_command(stopped.stderr))
     assert resumed.returncode == 0, resumed.stderr
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all(bool((a[k] == b[k]).all()) for k in a)
@@ -116,14 +86,14 @@ def test_finetune_stopped_by_ctrl_c_resumes_bit_for_bit(tmp_path, run_inputs):
 def test_checkpoints_by_the_clock(tmp_path, run_inputs):
     """--save-every-minutes saves however few steps have passed (here about every 60 ms)."""
     out = tmp_path / "run"
-    result = run(pretrain_args(run_inputs, out, "--save-every-minutes", "0.001", "--keep-last", "1000"))
+    result = cli(*stoppable_pretrain_args(run_inputs, out, "--save-every-minutes", "0.001", "--keep-last", "1000"))
     assert result.returncode == 0, result.stderr
     steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())
     assert len(steps) > 2 and steps[-1] == 80  # saved along the way, though --save-every is 1000
 
 
 def test_save_every_minutes_must_be_positive(tmp_path, run_inputs):
-    result = run(pretrain_args(run_inputs, tmp_path / "run", "--save-every-minutes", "0"))
+    result = cli(*stoppable_pretrain_args(run_inputs, tmp_path / "run", "--save-every-minutes", "0"))
     assert result.returncode == 2 and "save_every_minutes (--save-every-minutes) must be positive" in result.stderr
 
 
@@ -180,7 +150,7 @@ def test_a_signal_during_evaluation_or_a_checkpoint_write(tmp_path, run_inputs, 
     from bertforge.training.checkpoint import read_trainer_state
 
     def args(out: Path) -> list[str]:
-        return pretrain_args(run_inputs, out, "--max-steps", "50", "--eval-every", "20", "--save-every", "15")
+        return stoppable_pretrain_args(run_inputs, out, "--max-steps", "50", "--eval-every", "20", "--save-every", "15")
 
     whole = tmp_path / "whole"
     assert main(args(whole)) == 0

@@ -23,6 +23,8 @@ from bertforge.tasks.pretraining import PretrainingTask
 from conftest import GPU_DETERMINISTIC
 from corpus_utils import write_corpus
 from kill_utils import kill_after_checkpoint
+from cli_utils import base_args, cli
+import functools
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +39,8 @@ def tokenizer_dir(tmp_path_factory, corpus) -> Path:
     return path
 
 
-def base_args(corpus: Path, tokenizer_dir: Path, out: Path, *extra: str) -> list[str]:
-    # The JAX engine has no --deterministic and refuses it: test_jax's runs, which use base_args too, go without.
-    on_gpu = [] if "jax" in extra else GPU_DETERMINISTIC
-    return [str(corpus), "--tokenizer", str(tokenizer_dir), "--model", "L2-H64", "--seq-len", "32",
-            "--batch-size", "8", "--lr", "2e-3", "--warmup", "2", "--log-every", "2", "--seed", "3",
-            "--workers", "1", "--out", str(out), *on_gpu, *extra]
-
-
-def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "bertforge", "pretrain", *args], capture_output=True, text=True,
-                          env=env, timeout=600, **kwargs)
+# `bertforge pretrain ARGS`
+pretrain = functools.partial(cli, "pretrain")
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -57,7 +49,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 def test_outputs_and_hf_export(tmp_path, corpus, tokenizer_dir):
     out = tmp_path / "run"
-    result = cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "6", "--eval-every", "3", "--save-every", "3"))
+    result = pretrain(*base_args(corpus, tokenizer_dir, out, "--max-steps", "6", "--eval-every", "3", "--save-every", "3"))
     assert result.returncode == 0, result.stderr
     for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "metrics.jsonl", "curves.png",
                  "pretrain_results.json"):
@@ -83,12 +75,12 @@ def test_exact_resume_after_sigkill(tmp_path, corpus, tokenizer_dir, precision):
     fp32 and in bf16 autocast (whose master weights and optimizer state are fp32, and saved as such)."""
     steps = ["--max-steps", "14", "--save-every", "2", "--eval-every", "7", "--keep-last", "2", "--precision", precision]
     whole = tmp_path / "whole"
-    assert cli(*base_args(corpus, tokenizer_dir, whole, *steps)).returncode == 0
+    assert pretrain(*base_args(corpus, tokenizer_dir, whole, *steps)).returncode == 0
 
     killed = tmp_path / "killed"
     kill_after_checkpoint(["pretrain", *base_args(corpus, tokenizer_dir, killed, *steps)], killed / "checkpoints",
                           "step-*", seed=1, max_delay=0.6, OMP_NUM_THREADS="1")
-    resumed = cli(*base_args(corpus, tokenizer_dir, killed, *steps, "--resume"))
+    resumed = pretrain(*base_args(corpus, tokenizer_dir, killed, *steps, "--resume"))
     assert resumed.returncode == 0, resumed.stderr
 
     a, b = weights(whole), weights(killed)
@@ -106,8 +98,8 @@ def test_deterministic_runs_repeat_bit_for_bit(tmp_path, corpus, tokenizer_dir):
     steps = ["--max-steps", "4", "--eval-every", "4", "--precision", "bf16"]
     first, second = tmp_path / "first", tmp_path / "second"
     # base_args already adds the flag on a GPU; on the CPU the first run goes without it.
-    assert cli(*base_args(corpus, tokenizer_dir, first, *steps)).returncode == 0
-    done = cli(*base_args(corpus, tokenizer_dir, second, *steps, *([] if GPU_DETERMINISTIC else ["--deterministic"])))
+    assert pretrain(*base_args(corpus, tokenizer_dir, first, *steps)).returncode == 0
+    done = pretrain(*base_args(corpus, tokenizer_dir, second, *steps, *([] if GPU_DETERMINISTIC else ["--deterministic"])))
     assert done.returncode == 0, done.stderr
     a, b = weights(first), weights(second)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -123,12 +115,12 @@ def test_family_recipes_resume_exactly(tmp_path, corpus, tokenizer_dir, arch, ob
     steps = ["--arch", arch, "--objective", objective, "--max-steps", "8", "--save-every", "2", "--eval-every", "8",
              "--precision", "fp32"]
     whole = tmp_path / "whole"
-    done = cli(*base_args(corpus, tokenizer_dir, whole, *steps))
+    done = pretrain(*base_args(corpus, tokenizer_dir, whole, *steps))
     assert done.returncode == 0, done.stderr
     killed = tmp_path / "killed"
     kill_after_checkpoint(["pretrain", *base_args(corpus, tokenizer_dir, killed, *steps)], killed / "checkpoints",
                           "step-*", seed=4, max_delay=0.5, OMP_NUM_THREADS="1")
-    assert cli(*base_args(corpus, tokenizer_dir, killed, *steps, "--resume")).returncode == 0
+    assert pretrain(*base_args(corpus, tokenizer_dir, killed, *steps, "--resume")).returncode == 0
     for sub in ("", "generator") if arch == "electra" else ("",):
         a, b = weights(whole / sub), weights(killed / sub)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sub
@@ -139,9 +131,9 @@ def test_family_recipes_resume_exactly(tmp_path, corpus, tokenizer_dir, arch, ob
 
 def test_resume_refuses_a_different_config(tmp_path, corpus, tokenizer_dir):
     out = tmp_path / "run"
-    assert cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2")).returncode == 0
+    assert pretrain(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2")).returncode == 0
     before = weights(out)
-    result = cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "4", "--resume", "--batch-size", "4"))
+    result = pretrain(*base_args(corpus, tokenizer_dir, out, "--max-steps", "4", "--resume", "--batch-size", "4"))
     assert result.returncode == 2 and "cannot resume: 'batch_size' was 8 and is now 4" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert all(torch.equal(before[k], v) for k, v in weights(out).items())
@@ -151,13 +143,13 @@ def test_output_directory_is_protected(tmp_path, corpus, tokenizer_dir):
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    result = cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2"))
+    result = pretrain(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2"))
     assert result.returncode == 2 and "--overwrite" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
-    assert cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2", "--overwrite")).returncode == 0
+    assert pretrain(*base_args(corpus, tokenizer_dir, out, "--max-steps", "2", "--overwrite")).returncode == 0
     assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
     assert not (out / ".bertforge.lock").exists()  # the run's lock, released and removed at its end
-    nothing = cli(*base_args(corpus, tokenizer_dir, tmp_path / "fresh", "--max-steps", "2", "--resume"))
+    nothing = pretrain(*base_args(corpus, tokenizer_dir, tmp_path / "fresh", "--max-steps", "2", "--resume"))
     assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr
 
 
@@ -167,22 +159,22 @@ def test_output_directory_is_protected(tmp_path, corpus, tokenizer_dir):
     (["--lr", "0"], "lr (--lr) must be positive"),
 ])
 def test_bad_flags(tmp_path, corpus, tokenizer_dir, extra, message):
-    result = cli(*base_args(corpus, tokenizer_dir, tmp_path / "run", "--max-steps", "2", *extra))
+    result = pretrain(*base_args(corpus, tokenizer_dir, tmp_path / "run", "--max-steps", "2", *extra))
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_corpus_errors_from_the_cli(tmp_path, tokenizer_dir):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    result = cli(*base_args(empty, tokenizer_dir, tmp_path / "a", "--max-steps", "2"))
+    result = pretrain(*base_args(empty, tokenizer_dir, tmp_path / "a", "--max-steps", "2"))
     assert result.returncode == 2 and "the corpus is empty" in result.stderr
     one_doc = tmp_path / "one.txt"
     one_doc.write_text("Just one short document. It has two sentences.\n")
-    result = cli(*base_args(one_doc, tokenizer_dir, tmp_path / "b", "--max-steps", "2"))
+    result = pretrain(*base_args(one_doc, tokenizer_dir, tmp_path / "b", "--max-steps", "2"))
     assert result.returncode == 2 and "NSP needs at least two documents" in result.stderr
     binary = tmp_path / "blob.txt"
     binary.write_bytes(bytes(range(256)) * 4)
-    result = cli(*base_args(binary, tokenizer_dir, tmp_path / "c", "--max-steps", "2"))
+    result = pretrain(*base_args(binary, tokenizer_dir, tmp_path / "c", "--max-steps", "2"))
     assert result.returncode == 2 and "blob.txt: looks like a binary file" in result.stderr
 
 
@@ -213,7 +205,7 @@ def test_mlm_objective_and_prepared_input(tmp_path, corpus, tokenizer_dir):
     assert json.loads(p.stdout)["documents"] == 160
     out = tmp_path / "run"
     args = base_args(prepared, tokenizer_dir, out, "--max-steps", "3", "--objective", "mlm", "--wwm")
-    result = cli(*args)
+    result = pretrain(*args)
     assert result.returncode == 0, result.stderr
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
     assert not (out / "data").exists()  # read the prepared shards in place
@@ -258,7 +250,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path, corpus, tokenizer_dir, co
 def test_embedded_default_runs_offline(tmp_path):
     """README's main job with a short stop: no corpus given, so the standard-library docstrings are used."""
     out = tmp_path / "default"
-    result = cli("--out", str(out), "--max-steps", "3", "--eval-every", "3")
+    result = pretrain("--out", str(out), "--max-steps", "3", "--eval-every", "3")
     assert result.returncode == 0, result.stderr
     assert "fill-mask with the model just trained" in result.stdout
     assert result.stdout.count("    -> ") == 4
@@ -274,7 +266,7 @@ def test_embedded_default_runs_offline(tmp_path):
 
 def test_lamb_and_bf16_autocast(tmp_path, corpus, tokenizer_dir):
     out = tmp_path / "run"
-    result = cli(*base_args(corpus, tokenizer_dir, out, "--max-steps", "4", "--optimizer", "lamb", "--precision", "bf16"))
+    result = pretrain(*base_args(corpus, tokenizer_dir, out, "--max-steps", "4", "--optimizer", "lamb", "--precision", "bf16"))
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["loss"] == r["loss"] for r in rows if "loss" in r)  # finite
@@ -288,7 +280,7 @@ def test_two_runs_that_train_their_vocabulary_are_bitwise_equal(tmp_path, corpus
         out = tmp_path / name
         args = [str(corpus), "--vocab-size", "400", "--model", "L2-H64", "--seq-len", "32", "--batch-size", "8",
                 "--max-steps", "3", "--seed", "3", "--workers", "1", "--out", str(out)]
-        result = cli(*args)
+        result = pretrain(*args)
         assert result.returncode == 0, result.stderr
         runs.append(((out / "vocab.txt").read_bytes(), (out / "tokenizer.json").read_bytes(),
                      (out / "model.safetensors").read_bytes()))
@@ -311,7 +303,7 @@ def test_pretrain_each_architecture(tmp_path, corpus, arch):
     if arch in ("albert", "xlm-roberta", "deberta-v2"):
         pytest.importorskip("sentencepiece")
     out = tmp_path / "run"
-    result = cli(str(corpus), "--arch", arch, "--model", "L2-H64", "--seq-len", "32", "--batch-size", "8",
+    result = pretrain(str(corpus), "--arch", arch, "--model", "L2-H64", "--seq-len", "32", "--batch-size", "8",
                  "--max-steps", "4", "--eval-every", "4", "--workers", "1", "--out", str(out), "--json",
                  "--vocab-size", "300")
     assert result.returncode == 0, result.stderr
@@ -364,7 +356,7 @@ def test_pretrain_each_architecture(tmp_path, corpus, arch):
 ])
 def test_pretrain_architecture_refusals(tmp_path, corpus, args, message):
     out = tmp_path / "run"
-    result = cli(str(corpus), *args, "--model", "L2-H64", "--max-steps", "1", "--out", str(out))
+    result = pretrain(str(corpus), *args, "--model", "L2-H64", "--max-steps", "1", "--out", str(out))
     assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
@@ -372,5 +364,5 @@ def test_pretrain_arch_must_agree_with_the_checkpoint(tmp_path, corpus, tokenize
     ckpt = tmp_path / "bert"
     BertForMaskedLM(BertConfig.from_preset("L2-H64", vocab_size=400)).save_pretrained(ckpt)
     Tokenizer.from_pretrained(tokenizer_dir).save(ckpt)
-    result = cli(str(corpus), "--arch", "electra", "--model", str(ckpt), "--max-steps", "1", "--out", str(tmp_path / "o"))
+    result = pretrain(str(corpus), "--arch", "electra", "--model", str(ckpt), "--max-steps", "1", "--out", str(tmp_path / "o"))
     assert result.returncode != 0 and "is a 'bert' checkpoint" in result.stderr, result.stderr

@@ -17,6 +17,7 @@ from bertforge.data.qa import QAExample, best_answers, qa_features, read_squad
 from bertforge.errors import InputError
 
 from conftest import shared
+from qa_utils import span_recovery
 
 
 def test_span_round_trip_on_squad_dev(minilm_dir):
@@ -29,22 +30,6 @@ def test_span_round_trip_on_squad_dev(minilm_dir):
     inside, recovered, found = span_recovery(examples, features)
     assert inside > 10000 and recovered / inside >= 0.99, recovered / inside
     assert len(found) / len(examples) > 0.99  # almost every answer lies wholly inside some window
-
-
-def span_recovery(examples, features) -> tuple[int, int, set[int]]:
-    """(windows that hold their gold answer, how many of those give back its exact text from the token
-    offsets, the examples with such a window)."""
-    inside = recovered = 0
-    found = set()
-    for f in features:
-        if f["start_positions"] == 0:
-            continue
-        inside += 1
-        example = examples[f["example"]]
-        text = example.context[f["offsets"][f["start_positions"]][0]:f["offsets"][f["end_positions"]][1]]
-        recovered += text == example.answers[0]["text"]
-        found.add(f["example"])
-    return inside, recovered, found
 
 
 def test_best_answer_across_windows_and_null():

@@ -25,18 +25,12 @@ from bertforge.errors import CheckpointError
 from bertforge.inference.predict import run_predict
 
 from conftest import REPO, SENTENCES
+from cli_utils import sentences_tsv, cli, one_line_refusal
+import functools
 
 
-def bertforge_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bertforge", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}, cwd=REPO)
-
-
-def one_line_refusal(result: subprocess.CompletedProcess, *words: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for word in words:
-        assert word in result.stderr, result.stderr
+# Run from the repo root, as a user in their checkout would.
+in_repo = functools.partial(cli, cwd=REPO)
 
 
 def test_saved_files_follow_the_umask(tmp_path, checkpoints):
@@ -51,7 +45,7 @@ def test_saved_files_follow_the_umask(tmp_path, checkpoints):
 
 @pytest.mark.parametrize("command", ["pretrain", "finetune classify"])
 def test_bad_duration_is_one_line(command):
-    one_line_refusal(bertforge_cli(*command.split(), "--time-budget", "abc"), "--time-budget", "abc")
+    one_line_refusal(in_repo(*command.split(), "--time-budget", "abc"), "--time-budget", "abc")
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -63,7 +57,7 @@ def test_bad_duration_is_one_line(command):
     (["serve", "--model", "x", "--port", "eighty"], ["--port", "valid integer"]),
 ])
 def test_usage_errors_are_one_line_naming_the_command(args, fragments):
-    result = bertforge_cli(*args)
+    result = in_repo(*args)
     one_line_refusal(result, *fragments)
     assert result.stderr.startswith("bertforge " + args[0]) and f"(see bertforge {args[0]}" in result.stderr
 
@@ -77,20 +71,20 @@ def test_a_head_the_model_lacks_is_refused(checkpoints, model, task):
 
 
 def test_predict_and_evaluate_refuse_from_the_cli(tmp_path, checkpoints):
-    one_line_refusal(bertforge_cli("predict", "ner", "--model", str(checkpoints["classifier"]), "a good film"),
+    one_line_refusal(in_repo("predict", "ner", "--model", str(checkpoints["classifier"]), "a good film"),
                      "BertForSequenceClassification", "BertForTokenClassification")
     conll = tmp_path / "dev.conll"
     conll.write_text("john B-PER\nlives O\n\n")
-    one_line_refusal(bertforge_cli("evaluate", "ner", "--model", str(checkpoints["classifier"]), "--data", str(conll)),
+    one_line_refusal(in_repo("evaluate", "ner", "--model", str(checkpoints["classifier"]), "--data", str(conll)),
                      "no head for ner")
 
 
 def evaluate_then_score(task: str, model: Path, data: Path, predictions: Path, scorer: str, metric: str) -> None:
     """`evaluate --predictions`, then `score` on the file it wrote: the same metric, to the last digit."""
-    evaluated = bertforge_cli("evaluate", task, "--model", str(model), "--data", str(data), "--predictions",
+    evaluated = in_repo("evaluate", task, "--model", str(model), "--data", str(data), "--predictions",
                               str(predictions), "--json")
     assert evaluated.returncode == 0, evaluated.stderr
-    scored = bertforge_cli("score", scorer, str(data), str(predictions), "--json")
+    scored = in_repo("score", scorer, str(data), str(predictions), "--json")
     assert scored.returncode == 0, scored.stderr
     assert json.loads(scored.stdout)[metric] == pytest.approx(json.loads(evaluated.stdout)[metric])
 
@@ -110,10 +104,10 @@ def test_score_refuses_files_it_cannot_read_rightly(tmp_path):
     gold.write_text("#1 String\t#2 String\tQuality\na\tb\t1\nc\td\t0\n")
     unnamed = tmp_path / "unnamed.tsv"
     unnamed.write_text("x\ty\n1\t0\n0\t1\n")
-    one_line_refusal(bertforge_cli("score", "classification", str(gold), str(unnamed)), "which column")
+    one_line_refusal(in_repo("score", "classification", str(gold), str(unnamed)), "which column")
     names = tmp_path / "names.txt"
     names.write_text("positive\nnegative\n")
-    one_line_refusal(bertforge_cli("score", "classification", str(gold), str(names)), "none of its labels")
+    one_line_refusal(in_repo("score", "classification", str(gold), str(names)), "none of its labels")
 
 
 def test_missing_optional_dependency_names_the_extra(checkpoints):
@@ -162,7 +156,7 @@ def test_a_config_naming_another_family_is_refused_not_run_on_random_weights(tmp
     config = json.loads((folder / "config.json").read_text())
     config["model_type"] = model_type
     (folder / "config.json").write_text(json.dumps(config))
-    result = bertforge_cli("predict", "embed", "--model", str(folder), "a good film")
+    result = in_repo("predict", "embed", "--model", str(folder), "a good film")
     assert result.returncode == 2 and result.stdout == "", result.stdout
     one_line_refusal(result, str(folder))
     if model_type == "roberta":  # BERT's config fields are RoBERTa's: the weights are what is refused
@@ -170,20 +164,15 @@ def test_a_config_naming_another_family_is_refused_not_run_on_random_weights(tmp
         assert "tensors are in model.safetensors: it holds bert's" in result.stderr
 
 
-def _tsv(path: Path) -> Path:
-    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(SENTENCES)))
-    return path
-
-
 def test_a_seq_len_past_the_positions_is_refused_by_finetune_distill_and_evaluate(tmp_path, checkpoints):
     """A 64-position model: --seq-len 100000 used to train with rows cut at 64 while run_config.json said 100000."""
-    data = _tsv(tmp_path / "train.tsv")
+    data = sentences_tsv(tmp_path / "train.tsv")
     model = str(checkpoints["classifier"])
     for command in (["finetune", "classify", "--model", model, "--out", str(tmp_path / "ft")],
                     ["distill", "classify", "--teacher", model, "--student-layers", "1", "--out", str(tmp_path / "ds")],
                     ["evaluate", "classify", "--model", model, "--data", str(data)]):
         extra = [] if command[0] == "evaluate" else ["--train", str(data), "--dev", str(data), "--epochs", "1"]
-        result = bertforge_cli(*command, *extra, "--seq-len", "100000")
+        result = in_repo(*command, *extra, "--seq-len", "100000")
         one_line_refusal(result, "--seq-len 100000 exceeds the 64 positions")
     assert not (tmp_path / "ft").exists() and not (tmp_path / "ds").exists()
 
@@ -193,8 +182,8 @@ def test_finetune_refuses_a_tokenizer_whose_vocabulary_is_not_the_checkpoints(tm
     other = Tokenizer.train(texts=["some other words entirely", "nothing like the first"] * 5, vocab_size=60,
                             min_frequency=1)
     other.save(tmp_path / "other-tok")
-    data = _tsv(tmp_path / "train.tsv")
-    result = bertforge_cli("finetune", "classify", "--model", str(checkpoints["classifier"]), "--tokenizer",
+    data = sentences_tsv(tmp_path / "train.tsv")
+    result = in_repo("finetune", "classify", "--model", str(checkpoints["classifier"]), "--tokenizer",
                            str(tmp_path / "other-tok"), "--train", str(data), "--dev", str(data), "--epochs", "1",
                            "--out", str(tmp_path / "ft"))
     one_line_refusal(result, "its vocabulary is not the checkpoint's")

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from test_preemption import pretrain_args, run, stop_at
-from test_refusals import _tsv, one_line_refusal
+from kill_utils import stoppable_pretrain_args, stop_at
+
+from cli_utils import cli
+from cli_utils import sentences_tsv
+from cli_utils import one_line_refusal
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -24,7 +27,7 @@ def _tree_digest(root: Path) -> dict[str, str]:
 def stopped_run(tmp_path_factory, run_inputs) -> tuple[Path, list[str]]:
     """A pretraining run stopped by SIGTERM at a step ≥ 5 of 80: a checkpoint to resume from, and its arguments."""
     out = tmp_path_factory.mktemp("resume") / "run"
-    args = pretrain_args(run_inputs, out)
+    args = stoppable_pretrain_args(run_inputs, out)
     stopped = stop_at(args, out, 5, signal.SIGTERM)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
     return out, args
@@ -58,7 +61,7 @@ def test_a_checkpoint_of_another_format_is_refused_by_key(tmp_path, stopped_run,
     edit(state)
     state_file.write_text(json.dumps(state))
     before = _tree_digest(out)
-    result = run([*[a if a != str(src) else str(out) for a in args], "--resume"])
+    result = cli(*[*[a if a != str(src) else str(out) for a in args], "--resume"])
     one_line_refusal(result, str(state_file), *words)
     assert _tree_digest(out) == before  # nothing trained, nothing rewritten
 
@@ -72,7 +75,7 @@ def test_a_resume_says_what_its_changed_stopping_rules_mean(tmp_path, stopped_ru
     here = [a if a != str(src) else str(out) for a in args]
     i = here.index("--max-steps")
     lowered = [*here[:i], "--max-steps", str(step + 2), *here[i + 2:], "--resume"]
-    result = run(lowered)
+    result = cli(*lowered)
     assert result.returncode == 0, result.stderr
     assert (f"resuming at step {step}, after " in result.stderr and f"it stops at step {step + 2} (--max-steps; the "
             "learning-rate schedule keeps its length of 80 steps)" in result.stderr), result.stderr
@@ -82,7 +85,7 @@ def test_a_resume_says_what_its_changed_stopping_rules_mean(tmp_path, stopped_ru
     out2 = _copy_of(src, tmp_path / "b")
     spent = json.loads(_state_file(out2).read_text())["elapsed"]
     budget = [a if a != str(src) else str(out2) for a in args] + ["--time-budget", f"{spent / 2:.3f}", "--resume"]
-    result = run(budget)
+    result = cli(*budget)
     assert result.returncode == 0, result.stderr
     assert "counts the whole run, so 0.0 s are left (give more than" in result.stderr, result.stderr
     assert json.loads((out2 / "pretrain_results.json").read_text())["stopped_by"] == "time_budget"
@@ -90,13 +93,13 @@ def test_a_resume_says_what_its_changed_stopping_rules_mean(tmp_path, stopped_ru
 
 def test_a_resumed_finetune_does_not_call_its_trained_head_random(tmp_path, checkpoints):
     """The head comes from the checkpoint resumed; the warning that it is random was said anyway."""
-    data = _tsv(tmp_path / "train.tsv")
+    data = sentences_tsv(tmp_path / "train.tsv")
     out = tmp_path / "ft"
     args = ["finetune", "classify", "--model", str(checkpoints["masked"]), "--train", str(data), "--dev", str(data),
             "--epochs", "400", "--batch-size", "2", "--log-every", "1", "--save-every", "1", "--out", str(out)]
     first = stop_at(args, out, 3, signal.SIGTERM)
     assert first.returncode == 128 + signal.SIGTERM, first.stderr
     assert "initialised randomly" in first.stderr
-    resumed = run([*args[:args.index("--epochs") + 1], "1", *args[args.index("--epochs") + 2:], "--resume"])
+    resumed = cli(*[*args[:args.index("--epochs") + 1], "1", *args[args.index("--epochs") + 2:], "--resume"])
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming at step" in resumed.stderr and "initialised randomly" not in resumed.stderr, resumed.stderr

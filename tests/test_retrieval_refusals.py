@@ -25,8 +25,8 @@ transformers = pytest.importorskip("transformers")
 from bertforge.cli import main  # noqa: E402
 from bertforge.data.retrieval import read_tuples  # noqa: E402
 from conftest import tiny_modernbert  # noqa: E402
-from test_disk_and_input_faults import small_disk  # noqa: E402
-from test_operator_faults import snapshot  # noqa: E402
+from disk_utils import small_disk  # noqa: E402
+from cli_utils import snapshot  # noqa: E402
 
 
 def refused(capsys, args: list[str], *words: str) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from bertforge.server.loadtest import run_load  # noqa: E402
+from loadtest import run_load  # noqa: E402  (the suite's bounded loopback load generator)
 from server_utils import call, running_server  # noqa: E402
 
 

@@ -20,20 +20,10 @@ pytest.importorskip("uvicorn")
 from server_utils import call, running_server  # noqa: E402
 
 from conftest import SENTENCES, SERVE_KEY  # noqa: E402
+from server_utils import post
 
 KEY = SERVE_KEY  # the `embedder` server's API key (conftest.py)
 LONG = "the quick brown fox jumps over the lazy dog " * 60  # ~540 tokens: longer than MiniLM reads (256)
-
-
-def post(port: int, path: str, body, key: str | None = KEY, content_type: str = "application/json"):
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {"Content-Type": content_type} | ({"Authorization": f"Bearer {key}"} if key else {})
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def cosines(a, b) -> np.ndarray:

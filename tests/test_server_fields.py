@@ -130,7 +130,7 @@ def test_jina_voyage_and_cohere_fields(prompted):
 
 def test_a_model_without_prompts_takes_the_kinds_unchanged(embedder, st_model):
     """No named prompts: a query or document kind has nothing to change, so it is accepted, as before."""
-    from test_server_clients import post as keyed_post
+    from server_utils import post as keyed_post
 
     for body in ({"input": SENTENCES[:1], "model": "minilm", "input_type": "query"},
                  {"input": SENTENCES[:1], "model": "minilm", "task": "text-matching"}):

@@ -23,7 +23,8 @@ from bertforge.inference.sparse import sparse_embed  # noqa: E402
 from bertforge.interop.sparse_dir import load_splade, read_sparse_dir, save_sparse_dir  # noqa: E402
 from bertforge.tokenization.kinds import load_tokenizer  # noqa: E402
 from conftest import perturbed  # noqa: E402
-from test_family_parity import FAMILIES, SHAPES, SHAPES_OF  # noqa: E402
+from family_utils import FAMILIES, SHAPES, SHAPES_OF  # noqa: E402
+from retrieval_utils import exact_measures  # noqa: E402
 
 MLM_FAMILIES = {"bert": ("BertConfig", "BertForMaskedLM"),
                 **{name: (config, heads["AutoModelForMaskedLM"]) for name, (config, heads) in FAMILIES.items()}}
@@ -97,17 +98,6 @@ def test_texts_encode_to_sparse_encoders_vectors(tmp_path, minilm_dir, pooling, 
     assert read_sparse_dir(tmp_path / "ours").max_active_dims == top
     again = SparseEncoder(str(tmp_path / "ours"), device="cpu").encode(TEXTS, convert_to_tensor=True).to_dense()
     assert np.abs(again.numpy() - got).max() < 1e-5
-
-
-def exact_measures(scores: np.ndarray, beir: Path, k: int) -> dict[str, float]:
-    """trec_eval's measures of the run that keeps each query's `k` best documents by `scores` [Q, N] (query q{i},
-    document d{j}), on the folder's test qrels."""
-    from bertforge.retrieval.beir import read_beir
-    from bertforge.retrieval.metrics import evaluate_run
-
-    run = {f"q{i}": {f"d{j}": float(scores[i, j]) for j in np.argsort(-scores[i], kind="stable")[:k]}
-           for i in range(len(scores))}
-    return evaluate_run(run, read_beir(beir, "test").qrels)[0]
 
 
 def test_sparse_retrieval_is_scored_through_an_inverted_index(tmp_path, minilm_dir):

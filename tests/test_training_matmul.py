@@ -1,6 +1,6 @@
 """--matmul: fp32 training's linear layers on torch's BLAS or oneDNN, chosen per shape (training/matmul.py).
 
-Correctness only: which library is faster was measured once (train_matmul in docs/notes/2026-12-02-retired-benchmarks.md).
+Correctness only: which library is faster was measured once (train_matmul in docs/notes/2026-12-02-retired-benchmarks.md)."""
 
 from __future__ import annotations
 

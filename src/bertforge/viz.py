@@ -1,4 +1,4 @@
-"""Pictures: training curves from metrics.jsonl (attention views arrive with the inference issue)."""
+"""Pictures: training curves from metrics.jsonl, and attention views (a PNG grid, a static HTML page)."""
 
 from __future__ import annotations
 

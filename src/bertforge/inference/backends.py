@@ -9,7 +9,7 @@ encoder, ONNX Runtime or JAX.
   pre-packed weights, GELU and residual adds fused into the matmuls, unpadding kept, attention
   in a native kernel compiled once per machine); equal to `torch` up to summation order
   (tested within 1e-4), and the fastest fp32 path measured here at batches of 32, level with
-  OpenVINO (docs/serving.md), so it is the default where this torch build has oneDNN;
+  OpenVINO (docs/serving.md), so `auto` picks it for batches where this torch build has oneDNN;
 - `fused-bf16`: the fused path under CPU autocast to bfloat16: the matmuls in bf16 on weights
   packed in bf16 once, the residual stream, LayerNorms and attention's arithmetic in float32;
   outputs handed back as float32. Not the fp32 numbers: its closeness is measured (docs/results.md);

@@ -317,6 +317,28 @@ def _numel(model: torch.nn.Module) -> int:
     return sum(t.numel() for t in (*model.parameters(), *model.buffers()))
 
 
+@contextmanager
+def shapes_only() -> Iterator[None]:
+    """Modules built inside are on the meta device (shapes, no data) and skip their random initialisation: a meta
+    tensor has nothing to draw, and torch's meta `normal_` imports TorchDynamo the first time (~1.5 s of every
+    command that loads a model). Tensors on other devices, in other threads, are initialised as ever."""
+    import torch.nn.init as init
+
+    drawn = {name: getattr(init, name) for name in ("normal_", "trunc_normal_")}
+
+    def skipping(original):
+        return lambda tensor, *args, **kwargs: tensor if tensor.is_meta else original(tensor, *args, **kwargs)
+
+    for name, original in drawn.items():
+        setattr(init, name, skipping(original))
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, original in drawn.items():
+            setattr(init, name, original)
+
+
 def check_config_fits(cls: type, config: Any, path: Path, state: dict[str, torch.Tensor], new_head: bool = False) -> None:
     """Refuse, before any memory is allocated, a config.json that does not describe the weights beside it or that
     asks for more memory than this machine has (a hostile `hidden_size: 10000000` would allocate 1.2 TB;
@@ -337,7 +359,7 @@ def check_config_fits(cls: type, config: Any, path: Path, state: dict[str, torch
     built = []
     for n in small:  # a per-layer list (ModernBERT's layer_types) keeps its first n entries
         fewer = {"num_hidden_layers": n, **{k: type(v)(v[:n]) for k, v in per_layer_lists.items()}}
-        with torch.device("meta"):
+        with shapes_only():
             built.append(cls(dataclasses.replace(config, **fewer) if n != layers else config))
     sizes = [_numel(m) for m in built]
     per_layer = (sizes[1] - sizes[0]) / (small[1] - small[0]) if len(small) == 2 else 0

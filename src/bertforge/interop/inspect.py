@@ -21,6 +21,7 @@ from .hf import (
     non_finite,
     read_config,
     read_weights,
+    shapes_only,
     weights_files,
 )
 
@@ -84,7 +85,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     # Check the weights against the config without allocating them: build the model on the
     # meta device and load shape-only tensors, which raises on the first mismatched key.
     architecture = architecture_of(path)
-    with torch.device("meta"):
+    with shapes_only():
         model = head_of(path).cls(config)
         report = from_hf_state_dict(model, {k: torch.empty(s) for k, s in shapes.items()}, source=str(path))
     return {

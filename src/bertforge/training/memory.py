@@ -1,9 +1,9 @@
 """Will a training step fit in memory? An estimate of its peak, checked before the first step, and the
 one line a run ends with when an allocation fails anyway.
 
-A run asked for more than the machine or its limits allow used to train for minutes and then die in
-a raw `DefaultCPUAllocator: can't allocate memory` traceback. Before the first step the loop now
-compares what a step will add to the process with what the process may still use:
+A run asked for more than the machine or its limits allow must not train for minutes and then die in a
+raw `DefaultCPUAllocator: can't allocate memory` traceback. Before the first step the loop compares what a
+step will add to the process with what the process may still use:
 
 - what it may use: the tightest of the cgroup's memory limit (less what the cgroup holds now), the
   address-space limit (`RLIMIT_AS`, less the process's virtual size now: torch maps its allocations

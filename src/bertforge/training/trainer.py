@@ -526,9 +526,10 @@ class Trainer:
         return tqdm(total=self._last_step(), initial=initial, unit="step", dynamic_ncols=True, desc="train")
 
 
-# How much of a time budget the steps that fix the schedule's length span. Steps 10-30 alone took about a second
-# of the main job's three minutes, and a second is at the mercy of the machine: on 2026-11-27 both of two runs in
-# a row measured them ~25% slower than the steps after (bf16's first shapes being met) and stopped at 142 and 146 s.
+# How much of a time budget the steps that fix the schedule's length span: long enough that the first steps' new
+# shapes (bf16's primitives being compiled) do not set the pace for the rest, short enough to leave the budget to
+# training. Steps 10-30 alone (about a second of the main job's three minutes) measured ~25% slower than the steps
+# after them and so ended the budget early (docs/notes/2026-11-27-training-at-peak.md, "First run").
 MEASURE_SHARE = 0.05
 
 REPORT_EVERY_S = 20.0  # seconds between progress lines on stderr when no progress bar is shown (under the 30 s

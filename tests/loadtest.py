@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+from bertforge.errors import InputError
 
 
 @dataclass
