@@ -1,12 +1,13 @@
 """Running the `bertforge` command from a test: the one helper every test file uses, and the checks and inputs
 more than one of them needs.
 
-`cli(...)` runs `python -m bertforge ARGS` in a fresh process, as a user's shell would: what a test asserts about
-exit codes, stderr lines and files on disk is what a user gets. `cli(..., in_process=True)` calls the same entry
-point (`bertforge.cli.main`) inside the test's own process, for a test that checks a command's results and not
-the process around it (no signal, kill, resource limit, import-time environment or native-kernel build is under
-test): it saves a Python start and torch's import, ~2-4 s a call on 2 cores, and answers the same
-`CompletedProcess`.
+`cli(...)` calls the command's entry point (`bertforge.cli.main`) inside the test's own process, with its stdout,
+stderr, stdin and working directory captured and restored, and answers a `CompletedProcess` as a subprocess would:
+a command's exit code, its lines and its files are the same either way, and a Python start and torch's import
+(~3 s a call on 2 cores) are saved. `cli(..., fresh=True)` runs `python -m bertforge ARGS` in a new process, as a
+user's shell would; a test asks for it where the process itself is under test: an environment variable read at
+start-up (`env`), a resource limit (`limit_as`), output a native library or a child process writes to the file
+descriptors themselves, or a run compared bit for bit with a killed one's resume in a process of its own.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ QUIET = {"PYTHONWARNINGS": "ignore"}
 
 
 def cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None, cwd: Path | str | None = None,
-        limit_as: int | None = None, timeout: float = 600, in_process: bool = False) -> subprocess.CompletedProcess:
-    """`bertforge ARGS`: its exit code, stdout and stderr. `env` adds to the test's environment; `limit_as` caps the
-    fresh process's address space (bytes); `in_process` runs it here instead (see the module docstring)."""
-    if in_process:
-        assert limit_as is None and env is None, "a resource limit or an environment needs a fresh process"
+        limit_as: int | None = None, timeout: float = 600, fresh: bool = False) -> subprocess.CompletedProcess:
+    """`bertforge ARGS`: its exit code, stdout and stderr. `env` adds to the environment and `limit_as` caps the
+    address space (bytes) of a fresh process, which either implies; `fresh` asks for one (the module docstring)."""
+    if not (fresh or env or limit_as is not None):
         return _in_process(list(args), stdin, cwd)
 
     def limit() -> None:

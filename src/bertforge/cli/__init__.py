@@ -67,6 +67,18 @@ def _exit_now(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`bertforge ARGS` (argv None: the process's own arguments); the exit code. A command's output locks
+    (`lockfile`) end with it, as they would with its process, so a caller that runs commands in one process (a
+    test, a notebook) can run the next one on the same directory."""
+    from ..lockfile import release_all
+
+    try:
+        return _main(argv)
+    finally:
+        release_all()
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None:  # a real process (not a test calling in): a piped run is never silent for long
         watch_stderr()
     logging.basicConfig(level=logging.WARNING, format="bertforge: %(levelname)s: %(message)s", force=True)
