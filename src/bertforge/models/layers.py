@@ -162,8 +162,9 @@ def exported_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     The mask is added to the scores as 0 or the dtype's lowest value, not applied by SDPA: torch lowers SDPA with a
     bool mask to ONNX with a NaN guard after the softmax (IsNaN, Where), a Shape/Slice/Concat/Reshape chain around the
     keys' transpose and two scalings, 11 more operators a layer than this, which ONNX Runtime runs measurably slower
-    at one row (docs/notes/2026-11-latency-and-inference.md). The additive mask depends on the mask alone, so the exporter's optimiser builds it once for all the layers that share
-    a mask. A row with no key to see (a query of a row with no real token) averages over all its keys, not NaN."""
+    at one row (docs/notes/2026-11-latency-and-inference.md). The additive mask depends on the mask alone, so the
+    exporter's optimiser builds it once for all the layers that share a mask. A row with no key to see (a query of a
+    row with no real token) averages over all its keys, not NaN."""
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
     if mask is not None:
         scores = scores + torch.zeros((), dtype=scores.dtype).masked_fill(~mask, torch.finfo(scores.dtype).min)
