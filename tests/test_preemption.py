@@ -199,3 +199,41 @@ def test_a_signal_during_evaluation_or_a_checkpoint_write(tmp_path, run_inputs, 
     monkeypatch.setattr(trainer_module, "torch_files", torch_files)
     assert main(resume_command(stderr)) == 0
     assert same_weights(whole, during_save) and eval_rows(whole) == eval_rows(during_save)
+
+
+def test_each_rank_resumes_its_own_device_generator(tmp_path, monkeypatch):
+    """A multi-GPU checkpoint keeps every rank's generators, the CPU's and its own device's, and a resumed rank sets
+    its own (the checkpoint once held rank 0's device states alone, restored on every rank, so a multi-GPU resume
+    drew other dropout masks). No GPU here: two ranks' device generators are stand-ins behind torch.cuda's calls."""
+    import torch
+
+    from bertforge.training import checkpoint
+
+    first = torch.get_rng_state()
+    torch.rand(5)
+    cpu = [first, torch.get_rng_state()]  # two valid generator states, as two ranks' would be
+    cuda = [torch.tensor([1, 2, 3], dtype=torch.uint8), torch.tensor([4, 5, 6], dtype=torch.uint8)]
+    gathered = iter([cpu, cuda])  # gather_cpu's answer: the CPU states, then the device states, in rank order
+    monkeypatch.setattr(checkpoint.dist, "gather_cpu", lambda t: next(gathered))
+    monkeypatch.setattr(checkpoint.dist, "device", lambda: torch.device("cuda", 1))
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda d: asked.append(d) or cuda[1])
+    states = checkpoint.rank_rng_states()
+    assert asked == [torch.device("cuda", 1)]  # the device this rank trains on, not every visible one
+    assert set(states) == {"torch_rng", "cuda_rng"}
+
+    saved = checkpoint.save_checkpoint(tmp_path, 3, lambda folder: None, {}, rank_rng=states)
+    set_on = {}
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, d: set_on.__setitem__(d, state.clone()))
+    torch.rand(5)  # this process has drawn on since: the load must take it back to rank 1's state
+    before = torch.get_rng_state()
+    try:
+        assert not torch.equal(before, cpu[1])
+        checkpoint.load_rank_rng(saved, rank=1, world=2)
+        assert torch.equal(torch.get_rng_state(), cpu[1])
+        assert list(set_on) == [torch.device("cuda", 1)] and torch.equal(set_on[torch.device("cuda", 1)], cuda[1])
+        set_on.clear()
+        checkpoint.load_rank_rng(saved, rank=0, world=3)  # another world: the states are not this run's to take
+        assert not set_on
+    finally:
+        torch.set_rng_state(before)

@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import CheckpointError
 from ..safefiles import fsync_path, fsync_tree, refusing_writes
+from . import distributed as dist
 
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -75,14 +76,14 @@ def set_rng_state(saved: dict[str, Any]) -> None:
 
 def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], trainer_state: dict[str, Any],
                     keep_last: int = 2, best_weights: dict[str, torch.Tensor] | None = None,
-                    rank_rng: list[torch.Tensor] | None = None) -> Path:
+                    rank_rng: dict[str, list[torch.Tensor]] | None = None) -> Path:
     """Write checkpoint `step` atomically and prune older ones. Returns its directory.
 
     `write(folder)` puts the engine's files there (`torch_files` for the torch loop; the JAX loop
     writes its own); `best_weights` (a torch state dict) is the model selected so far, saved as
     `best.safetensors`; `trainer_state` goes to `trainer_state.json` with the RNG states;
-    `rank_rng` (several processes) is each rank's torch RNG state, in `rank_rng.pt`: the ranks draw
-    different dropout masks, so each must resume from its own.
+    `rank_rng` (several processes; `rank_rng_states()`) is each rank's torch RNG states, in `rank_rng.pt`: the
+    ranks draw different dropout masks, so each must resume from its own.
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
@@ -101,7 +102,7 @@ def save_checkpoint(root: Path, step: int, write: Callable[[Path], None], traine
         if best_weights is not None:
             save_file({k: v.contiguous() for k, v in best_weights.items()}, tmp / "best.safetensors")
         if rank_rng is not None:
-            torch.save({"torch_rng": rank_rng}, tmp / "rank_rng.pt")
+            torch.save(rank_rng, tmp / "rank_rng.pt")
         state = dict(trainer_state, format_version=FORMAT_VERSION, step=step, rng=rng_state())
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
         fsync_tree(tmp)  # on the disk before its name says it is complete
@@ -203,14 +204,34 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     return state
 
 
+def rank_rng_states() -> dict[str, list[torch.Tensor]] | None:
+    """Every rank's torch RNG states in rank order, on every rank (each rank must call it; None for one process):
+    `torch_rng`, the CPU generator's, and on a GPU `cuda_rng`, the generator of the one device the rank trains on.
+    `training_state.pt` holds rank 0's states alone: each rank's own device generator is its dropout stream, and
+    restoring rank 0's on every rank would make a multi-GPU resume differ from the uninterrupted run."""
+    cpu = dist.gather_cpu(torch.get_rng_state())
+    if cpu is None:
+        return None
+    states = {"torch_rng": cpu}
+    here = dist.device()
+    if here.type == "cuda":
+        states["cuda_rng"] = dist.gather_cpu(torch.cuda.get_rng_state(here))
+    return states
+
+
 def load_rank_rng(path: Path, rank: int, world: int) -> None:
-    """Restore this rank's torch RNG state from checkpoint `path`, when it holds one per rank of this world."""
+    """Restore this rank's torch RNG states (`rank_rng_states`) from checkpoint `path`, when it holds one per rank
+    of this world: the CPU generator's, and its own device's when both the checkpoint and this process have one."""
     file = path / "rank_rng.pt"
     if not file.is_file():
         return
-    states = _tensor_file(file, ("torch_rng",))["torch_rng"]
-    if len(states) == world:
-        torch.set_rng_state(states[rank])
+    states = _tensor_file(file, ("torch_rng",))
+    if len(states["torch_rng"]) != world:
+        return
+    torch.set_rng_state(states["torch_rng"][rank])
+    here = dist.device()
+    if "cuda_rng" in states and here.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda_rng"][rank], here)
 
 
 def load_best_weights(path: Path) -> dict[str, torch.Tensor] | None:

@@ -41,6 +41,7 @@ from .checkpoint import (
     load_best_weights,
     load_checkpoint,
     load_rank_rng,
+    rank_rng_states,
     read_trainer_state,
     save_checkpoint,
     torch_files,
@@ -508,7 +509,7 @@ class Trainer:
 
     def _save(self, step: int) -> None:
         self._saved_clock = time.monotonic()
-        rank_rng = dist.gather_cpu(torch.get_rng_state())  # every rank's dropout stream, not rank 0's alone
+        rank_rng = rank_rng_states()  # every rank's dropout stream, not rank 0's alone
         if dist.is_main():
             state = dict(self.state, run=self.run_info, config=asdict(self.config))
             save_checkpoint(self.checkpoints, step, self._checkpoint_files(), state, self.config.keep_last,
