@@ -19,7 +19,7 @@ from bertforge import Tokenizer  # noqa: E402
 from bertforge.cli import main  # noqa: E402
 from bertforge.inference.multi_vector import multi_vector_embed  # noqa: E402
 from bertforge.interop.colbert_dir import load_colbert  # noqa: E402
-from bertforge.tasks.colbert import contrastive, distillation  # noqa: E402
+from bertforge.losses.late_interaction import contrastive, distillation  # noqa: E402
 from conftest import perturbed  # noqa: E402
 from embed_utils import first_step_gradients  # noqa: E402
 from conftest import random_sentences as _sentences  # noqa: E402
@@ -100,7 +100,7 @@ def test_contrastive_equals_pylates(expansion):
         {"input_ids": d_ids[n], "attention_mask": d_mask[n], "which": n + 1} for n in range(N)]
     expected = pylate_losses.Contrastive(_Given([q, *docs], skiplist, expansion))(features)
     kept = torch.stack([d_mask[n].bool() & ~torch.isin(d_ids[n], torch.tensor(skiplist)) for n in range(N)], dim=1)
-    ours = contrastive(q, None if expansion else q_mask.bool(), torch.stack(docs, dim=1), kept, 1.0)
+    ours = contrastive(q, None if expansion else q_mask.bool(), torch.stack(docs, dim=1), kept, temperature=1.0)
     assert ours.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
@@ -234,7 +234,7 @@ def test_training_maxsim_in_blocks_equals_it_whole():
     """The contrastive loss's MaxSim, past its budget, a block of documents at a time with each block recomputed in
     the backward: the same scores and the same gradients as the whole [Q, N, Tq, Td] at once."""
     from bertforge.models.colbert import maxsim
-    from bertforge.tasks.colbert import training_maxsim
+    from bertforge.losses.late_interaction import training_maxsim
 
     g = torch.Generator().manual_seed(3)
     q, d = _vectors(g, 5, 6, 8), _vectors(g, 11, 9, 8)

@@ -20,7 +20,7 @@ from bertforge.data.retrieval import read_tuples  # noqa: E402
 from bertforge.inference.pipelines import embed  # noqa: E402
 from bertforge.interop.sentence_dir import load_sentence_encoder, read_sentence_dir  # noqa: E402
 from bertforge.tasks.embedding import unique_batches  # noqa: E402
-from bertforge.tasks.embedding_losses import LOSSES, SCORED_PAIRS, SCORED_TUPLES  # noqa: E402
+from bertforge.losses import SCORED_PAIRS, SCORED_TUPLES, losses_of  # noqa: E402
 from bertforge.tokenization.kinds import load_tokenizer  # noqa: E402
 from conftest import random_sentences  # noqa: E402
 from embed_utils import first_step_gradients  # noqa: E402
@@ -73,7 +73,8 @@ def test_losses_equal_sentence_transformers():
     margins = torch.randn(6, 2, dtype=torch.float64)
     teacher = torch.randn(6, 3, dtype=torch.float64)
     cases = []
-    for name, (fn, rows, scale) in LOSSES.items():
+    for name, row in losses_of("embed").items():
+        fn, rows, scale = row.fn, row.rows, row.scale
         if rows == SCORED_PAIRS:
             cases.append((name, fn, scale, columns[:2], scores))
         elif rows == SCORED_TUPLES and name == "DistillKLDivLoss":  # listwise: the teacher's score of every passage
@@ -356,7 +357,7 @@ def test_gradcache_replays_each_devices_random_state(monkeypatch):
     """GradCache's second run of a call draws the masks of its first on the CPU and on each CUDA device the model is
     on, and leaves the caller's states as they were (a CUDA run used to replay the CPU state alone, so its dropout
     drew other masks). No GPU here: device 0's generator is a stand-in, read and set through torch.cuda's calls."""
-    from bertforge.tasks.embedding_losses import RandomState
+    from bertforge.training.gradcache import RandomState
 
     device = {0: torch.tensor([1, 2, 3], dtype=torch.uint8)}
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda d=0: device[int(d)].clone())

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .losses.registry import help_line
 
 
 def setting(default: Any = MISSING, help: str = "", *, factory: Any = MISSING, cli: bool = True) -> Any:
@@ -489,10 +490,7 @@ class EmbedConfig(BiEncoderConfig):
     """Everything `bertforge finetune embed` takes: fine-tuning's loop and model, a bi-encoder's data and loss."""
 
     task: str = setting("embed", "embed", cli=False)
-    loss: str | None = setting(None, "MultipleNegativesRankingLoss (in-batch negatives; the default for rows), "
-                                     "MultipleNegativesSymmetricRankingLoss, CoSENTLoss (the default for scored pairs), "
-                                     "CosineSimilarityLoss, MarginMSELoss (the default for a teacher's scores) or "
-                                     "DistillKLDivLoss")
+    loss: str | None = setting(None, help_line("embed"))
     similarity: str | None = setting(None, "similarity function: cosine or dot, saved as the model's "
                                            "similarity_fn_name (default: the directory's, else cosine)")
     pooling: str | None = setting(None, "pooling of a checkpoint without one: mean (default), cls, max, ...; replaces a "
@@ -533,10 +531,7 @@ class SparseConfig(BiEncoderConfig):
     """Everything `bertforge finetune sparse` takes: an embedder's data and loop, SPLADE's head and regularisers."""
 
     task: str = setting("sparse", "sparse", cli=False)
-    loss: str | None = setting(None, "SparseMultipleNegativesRankingLoss (in-batch negatives; the default for rows), "
-                                     "SparseCoSENTLoss (the default for scored pairs), SparseMarginMSELoss (a "
-                                     "teacher's scores) or SparseDistillKLDivLoss, each wrapped in SpladeLoss's FLOPS "
-                                     "regularisers")
+    loss: str | None = setting(None, help_line("sparse"))
     pooling: str | None = setting(None, "SPLADE pooling over the tokens: max (default) or sum; replaces a SparseEncoder "
                                         "directory's")
     activation: str | None = setting(None, "relu (log(1 + relu), the default) or log1p_relu")
@@ -574,8 +569,7 @@ class ColbertConfig(RetrievalTrainConfig):
     """Everything `bertforge finetune colbert` takes: an embedder's data and loop, ColBERT's settings and losses."""
 
     task: str = setting("colbert", "colbert", cli=False)
-    loss: str | None = setting(None, "PyLate's Contrastive (in-batch and hard negatives; the default for rows) or "
-                                     "Distillation (KL from a teacher's score of every passage)")
+    loss: str | None = setting(None, help_line("colbert"))
     dim: int = setting(128, "the token vectors' size (a new projection's; a ColBERT directory keeps its own)")
     query_length: int | None = setting(None, "tokens per query, its prefix and [MASK] expansion included "
                                              "(default: the directory's, else 32)")
@@ -610,9 +604,7 @@ class RerankConfig(RetrievalTrainConfig):
     """Everything `bertforge finetune rerank` takes: fine-tuning's loop and model, a cross-encoder's data and loss."""
 
     task: str = setting("rerank", "rerank", cli=False)
-    loss: str | None = setting(None, "BinaryCrossEntropyLoss (the default for (query, passage, label) rows) or "
-                                     "MultipleNegativesRankingLoss (the default for (query, positive[, negatives]) "
-                                     "rows)")
+    loss: str | None = setting(None, help_line("rerank"))
     num_negatives: int = setting(4, "MultipleNegativesRankingLoss: other rows' passages drawn as each query's "
                                     "in-batch negatives")
     pos_weight: float | None = setting(None, "BinaryCrossEntropyLoss: weight of the positive label")

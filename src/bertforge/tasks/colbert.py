@@ -1,12 +1,8 @@
 """ColBERT training: queries and documents as token vectors, scored by MaxSim, with PyLate's losses.
 
 It is the embedder's task (`embedding.py`: rows by column shape, batches without duplicate texts, torchrun's
-global batches) with a `ColbertEncoder` for the model and PyLate's two losses:
-
-- Contrastive: each query's MaxSim against every document of the (global) batch, its positive and
-  negatives and every other row's, in cross-entropy at a temperature (PyLate's default 1);
-- Distillation: the KL divergence from a teacher's scores of a row's documents to the student's
-  MaxSim scores, min-max normalised per row first (PyLate's default), batch-averaged.
+global batches) with a `ColbertEncoder` for the model and PyLate's two losses (`losses/late_interaction.py`):
+Contrastive over in-batch and hard negatives, and Distillation from a teacher's scores.
 
 Queries are expanded with [MASK] to query_length and documents lose their skiplist tokens exactly as the
 inference path (`inference/multi_vector.py`) does it, so training scores what `evaluate retrieval` will.
@@ -17,78 +13,26 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from ..data.batching import collate
 from ..data.retrieval import read_tuples
 from ..errors import InputError
 from ..interop.colbert_dir import ColbertSpec, skiplist_ids
-from ..models.colbert import ColbertEncoder, maxsim
+from ..losses import check_negatives, resolve
+from ..models.colbert import ColbertEncoder
 from ..retrieval.evaluate import read_dev_set
 from ..retrieval.late_interaction import maxsim_top_k
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..tokenization.tokenizer import Tokenizer
 from .embedding import EmbeddingTask, Prompts
-from .embedding_losses import ROWS, SCORED_TUPLES, cached_calls, check_negatives, embed_rows, gather, resolve_loss
-
-# PyLate's losses by class name: the rows each trains on.
-COLBERT_LOSSES = {"Contrastive": ROWS, "Distillation": SCORED_TUPLES}
-COLBERT_ALIASES = {"contrastive": "Contrastive", "in-batch": "Contrastive", "mnrl": "Contrastive",
-                   "distillation": "Distillation", "kl": "Distillation"}
-COLBERT_DEFAULTS = {ROWS: "Contrastive", SCORED_TUPLES: "Distillation"}
-# Floats of a training batch's [queries, documents, Tq, Td] MaxSim similarities held at once (256 MiB), and as
-# many again for their gradient: past it they are computed a block of documents at a time.
-SIMILARITY_BUDGET = 2**26
-
-
-def contrastive(queries: torch.Tensor, query_kept: torch.Tensor | None, documents: torch.Tensor,
-                document_kept: torch.Tensor, temperature: float) -> torch.Tensor:
-    """PyLate's Contrastive loss. queries float [B, Tq, D]; query_kept bool [B, Tq] (None: every vector counts, as
-    with query expansion); documents float [B, N, Td, D] (row b's positive first, then its negatives),
-    document_kept bool [B, N, Td]. Under torchrun every process's documents are gathered (with gradients)."""
-    B, N = documents.shape[:2]
-    gathered, offset = gather(documents)
-    kept, _ = gather(document_kept.float())
-    if query_kept is None:
-        query_kept = torch.ones(queries.shape[:2], dtype=torch.bool, device=queries.device)
-    scores = training_maxsim(queries, query_kept, gathered.flatten(0, 1), kept.flatten(0, 1).bool())  # [B, world*B*N]
-    labels = (torch.arange(B, device=queries.device) + offset) * N
-    return F.cross_entropy(scores / temperature, labels)
-
-
-def training_maxsim(queries: torch.Tensor, query_kept: torch.Tensor, documents: torch.Tensor,
-                    document_kept: torch.Tensor, budget: int = SIMILARITY_BUDGET) -> torch.Tensor:
-    """`maxsim(..., dropped_as_zero=True)` [Q, N] with the [Q, N, Tq, Td] similarities held a block of documents at a
-    time: each block is checkpointed (its similarities recomputed in the backward), so a large batch's loss, the
-    one GradCache makes possible, needs `budget` floats for them rather than Q * N * Tq * Td."""
-    per_document = queries.shape[0] * queries.shape[1] * documents.shape[1]
-    block = max(1, budget // max(1, per_document))
-    if block >= documents.shape[0]:
-        return maxsim(queries, query_kept, documents, document_kept, dropped_as_zero=True)
-    return torch.cat([checkpoint(maxsim, queries, query_kept, documents[s:s + block], document_kept[s:s + block],
-                                 True, use_reentrant=False) for s in range(0, documents.shape[0], block)], dim=1)
-
-
-def distillation(queries: torch.Tensor, query_kept: torch.Tensor | None, documents: torch.Tensor,
-                 document_kept: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """PyLate's Distillation loss: KL(teacher || student) over each row's N documents, the student's MaxSim scores
-    min-max normalised per row, both through log-softmax; teacher float [B, N]."""
-    every = torch.ones(queries.shape[:2], dtype=torch.bool, device=queries.device)
-    student = torch.stack([maxsim(queries[b:b + 1], (query_kept if query_kept is not None else every)[b:b + 1],
-                                  documents[b], document_kept[b], dropped_as_zero=True)[0]
-                           for b in range(queries.shape[0])])  # [B, N]
-    low, high = student.min(dim=1, keepdim=True).values, student.max(dim=1, keepdim=True).values
-    student = (student - low) / (high - low + 1e-8)
-    return F.kl_div(student.log_softmax(-1), teacher.detach().to(student.dtype).log_softmax(-1),
-                    reduction="batchmean", log_target=True)
-
+from ..training.distributed import world_size
+from ..training.gradcache import cached_calls, embed_rows
 
 class ColbertTask(EmbeddingTask):
     """The Trainer's task for a `ColbertEncoder`."""
 
-    losses = {"Contrastive": (None, ROWS, 1.0), "Distillation": (None, SCORED_TUPLES, 1.0)}
+    kind = "colbert"  # its losses' rows in `losses/registry.py`
 
     def __init__(self, *args, spec: ColbertSpec, model_tokenizer: Tokenizer, **kwargs) -> None:
         self.spec = spec
@@ -167,9 +111,7 @@ class ColbertTask(EmbeddingTask):
         documents = d.float().view(N, B, *d.shape[1:]).transpose(0, 1)
         kept = batch["d_kept"].view(N, B, -1).transpose(0, 1)
         query_kept = None if self.spec.do_query_expansion else batch["q_kept"]
-        if self.loss_name == "Distillation":
-            return distillation(q.float(), query_kept, documents, kept, batch["scores"])
-        return contrastive(q.float(), query_kept, documents, kept, self.scale)
+        return self.loss_fn(q.float(), query_kept, documents, kept, batch.get("scores"), self.scale)
 
     def vectors(self, model: ColbertEncoder, texts: list[str], query: bool) -> list:
         from ..inference.multi_vector import multi_vector_embed
@@ -196,8 +138,9 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Colb
     from ..interop.colbert_dir import check_expansion, load_colbert
 
     data = read_tuples(train_path, cfg.train_split)
-    loss = resolve_loss(cfg.loss, data, COLBERT_LOSSES, COLBERT_ALIASES, COLBERT_DEFAULTS)
-    check_negatives(loss, COLBERT_LOSSES, data, cfg.batch_size)
+    row = resolve("colbert", cfg.loss, data)
+    loss = row.name
+    check_negatives(row, data, cfg.batch_size, world_size())
     if loss == "Distillation" and len(data.columns) < 4:
         # Min-max normalised per row, two scores are 0 and 1 whatever the model: the loss would have no gradient
         # (PyLate trains nothing from such rows, silently).

@@ -2,7 +2,7 @@
 
 Every text of a row is embedded by the one `SentenceEncoder` in a single forward (all columns of the
 batch, padded once and unpadded inside the model: short queries cost what they are, not a passage's
-length), then the loss (`embedding_losses.py`) compares the columns. Batches never hold two copies of
+length), then the loss (`losses/`, its row in `losses/registry.py`) compares the columns. Batches never hold two copies of
 one text: with in-batch negatives a duplicate would be scored as its own negative. Evaluation is
 retrieval on a BEIR folder (or pairs), nDCG@10 selecting the model.
 """
@@ -25,7 +25,9 @@ from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.tokenizer import Tokenizer
-from .embedding_losses import ALIASES, DEFAULT_LOSS, LOSSES, cached, check_negatives, process_group, resolve_loss
+from ..losses import check_negatives, losses_of, resolve
+from ..training.distributed import world_size
+from ..training.gradcache import cached
 
 log = logging.getLogger("bertforge")
 
@@ -83,7 +85,7 @@ def resolve_similarity(given: str | None, own: str | None) -> str:
 def loss_name(name: str | None, data: TupleData) -> str:
     """The sentence-transformers class name of `--loss` (a short alias is accepted), checked against the data's
     shape; None picks in-batch negatives for rows, CoSENT for scored pairs, MarginMSE for a teacher's scores."""
-    return resolve_loss(name, data, {n: rows for n, (_, rows, _) in LOSSES.items()}, ALIASES, DEFAULT_LOSS)
+    return resolve("embed", name, data).name
 
 
 def unique_batches(rows: list[tuple[str, ...]], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
@@ -109,7 +111,7 @@ def global_batches(rows: list[tuple[str, ...]], batch_size: int, seed: int, epoc
     """The epoch's global batches: `batch_size` rows per process, no text twice. In a torchrun job the processes
     split each global batch (`rank_rows`), so that they train exactly as one process on the global batch; a global
     batch too small to split evenly (the sampler's last ones) is left out there."""
-    world = process_group()[0]
+    world = world_size()
     batches = unique_batches(rows, batch_size * world, seed, epoch)
     return [b for b in batches if len(b) == batch_size * world] if world > 1 else batches
 
@@ -117,7 +119,7 @@ def global_batches(rows: list[tuple[str, ...]], batch_size: int, seed: int, epoc
 def rank_rows(batches: list[list[int]], index: int, batch_size: int) -> tuple[int, slice]:
     """(which global batch, this process's slice of it) for micro-batch `index` (the loop gives process r the
     indices r, r + world, ...)."""
-    world = process_group()[0]
+    world = world_size()
     part = index % world
     return index // world, slice(part * batch_size, (part + 1) * batch_size) if world > 1 else slice(None)
 
@@ -127,7 +129,7 @@ class EmbeddingTask:
 
     main_metric = "ndcg@10"
     greater_is_better = True
-    losses = LOSSES  # name -> (function, the rows it trains on, default scale)
+    kind = "embed"  # its losses' rows in `losses/registry.py`
 
     def __init__(self, data: TupleData, dev: RetrievalSet, tokenizer: Tokenizer, seq_len: int, batch_size: int,
                  seed: int, loss: str, scale: float | None, similarity: str, prompts: Prompts,
@@ -136,8 +138,9 @@ class EmbeddingTask:
         self.data, self.dev, self.tokenizer = data, dev, tokenizer
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.loss_name = loss
-        self.loss_fn, _, default_scale = self.losses[loss]
-        self.scale = default_scale if scale is None else scale
+        row = losses_of(self.kind)[loss]
+        self.loss_fn = row.fn
+        self.scale = row.scale if scale is None else scale
         self.similarity, self.prompts, self.eval_batch_size = similarity, prompts, eval_batch_size
         self.mini_batch_size, self.dims = mini_batch_size, dims
         self.lowercase = lowercase  # the directory's do_lower_case: `tokenizer` is a lower-casing copy then
@@ -174,7 +177,7 @@ class EmbeddingTask:
         return self._epoch_batches[1]
 
     def micro_batches_per_epoch(self, epoch: int) -> int:
-        return len(self._batches(epoch)) * process_group()[0]
+        return len(self._batches(epoch)) * world_size()
 
     def activation_rows(self, batch_size: int) -> int:
         """Texts one forward with gradients holds (the loop's memory check): every column of the batch's rows, or
@@ -264,8 +267,9 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
     from ..interop.sentence_dir import load_sentence_encoder, read_sentence_dir
 
     data = read_tuples(train_path, cfg.train_split)
-    loss = loss_name(cfg.loss, data)
-    check_negatives(loss, {n: rows for n, (_, rows, _) in LOSSES.items()}, data, cfg.batch_size)
+    row = resolve("embed", cfg.loss, data)
+    loss = row.name
+    check_negatives(row, data, cfg.batch_size, world_size())
     if model is None:
         model = load_sentence_encoder(cfg.model, cfg.pooling, True if cfg.normalize else None)
     sentence = read_sentence_dir(cfg.model)  # None for a plain checkpoint: then only the flags decide
@@ -288,7 +292,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
         if loss not in LEARNABLE_SCALE:
             raise InputError(f"--learn-scale: {loss}'s scale is fixed; it is learned for "
                              f"{' and '.join(LEARNABLE_SCALE)} only")
-        initial = cfg.scale if cfg.scale is not None else LOSSES[loss][2]
+        initial = cfg.scale if cfg.scale is not None else row.scale
         if initial > MAX_LEARNED_SCALE:
             raise InputError(f"--scale {initial:g}: a learned scale starts at most at {MAX_LEARNED_SCALE:g}")
         model.learn_scale(initial, cfg.scale_lr / cfg.lr)

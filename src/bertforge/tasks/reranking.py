@@ -12,32 +12,22 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..data.batching import collate
 from ..data.retrieval import TupleData, read_tuples
 from ..errors import InputError
+from ..losses import check_negatives, losses_of, resolve
 from ..retrieval.beir import RetrievalSet, candidates_for
 from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.tokenizer import Tokenizer
+from ..training.distributed import world_size
 from .embedding import global_batches, rank_rows
-from .embedding_losses import (ROWS, SCORED_PAIRS, SCORED_TUPLES, check_negatives, margin_targets, process_group,
-                               resolve_loss)
-
-# name -> the rows it trains on. sentence-transformers' cross-encoder loss names.
-RERANK_LOSSES = {"BinaryCrossEntropyLoss": SCORED_PAIRS, "MultipleNegativesRankingLoss": ROWS,
-                 "MarginMSELoss": SCORED_TUPLES, "ListNetLoss": SCORED_TUPLES}
-RERANK_ALIASES = {"bce": "BinaryCrossEntropyLoss", "mnrl": "MultipleNegativesRankingLoss", "margin-mse": "MarginMSELoss",
-                  "listnet": "ListNetLoss"}
-DEFAULT_RERANK_LOSS = {SCORED_PAIRS: "BinaryCrossEntropyLoss", ROWS: "MultipleNegativesRankingLoss",
-                       SCORED_TUPLES: "MarginMSELoss"}
-
 
 def rerank_loss_name(name: str | None, data: TupleData) -> str:
     """`--loss` as a sentence-transformers cross-encoder loss name, checked against the data's shape."""
-    return resolve_loss(name, data, RERANK_LOSSES, RERANK_ALIASES, DEFAULT_RERANK_LOSS)
+    return resolve("rerank", name, data).name
 
 
 class RerankTask:
@@ -51,6 +41,7 @@ class RerankTask:
                  top_k: int) -> None:
         self.data, self.dev, self.candidates, self.tokenizer = data, dev, candidates, tokenizer
         self.seq_len, self.batch_size, self.seed, self.loss_name = seq_len, batch_size, seed, loss
+        self.loss_fn = losses_of("rerank")[loss].fn  # fn(logits [pairs], batch, scale, pos_weight)
         self.num_negatives, self.scale, self.pos_weight, self.top_k = num_negatives, scale, pos_weight, top_k
         if loss == "BinaryCrossEntropyLoss":
             bad = [(line, y) for line, y in zip(data.lines, data.scores) if not 0 <= y <= 1]
@@ -69,7 +60,7 @@ class RerankTask:
         return self._epoch[1]
 
     def micro_batches_per_epoch(self, epoch: int) -> int:
-        return len(self._epoch_batches(epoch)) * process_group()[0]
+        return len(self._epoch_batches(epoch)) * world_size()
 
     def activation_rows(self, batch_size: int) -> int:
         """(query, passage) pairs one forward holds (the loop's memory check): each row's candidates."""
@@ -122,17 +113,7 @@ class RerankTask:
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         logits = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                        attention_mask=batch["attention_mask"]).logits.float().view(-1)
-        if self.loss_name == "BinaryCrossEntropyLoss":
-            weight = None if self.pos_weight is None else torch.tensor(self.pos_weight, device=logits.device)
-            return F.binary_cross_entropy_with_logits(logits, batch["scores"], pos_weight=weight), {}
-        grid = logits.view(int(batch["candidates"]), -1).T  # [B, candidates]: the positive first
-        if self.loss_name == "MarginMSELoss":  # the logits' margins against the teacher's
-            margins = grid[:, :1] - grid[:, 1:]
-            return F.mse_loss(margins, margin_targets(batch["scores"], margins.shape[1])), {}
-        if self.loss_name == "ListNetLoss":  # the teacher's distribution over the row's passages, as soft targets
-            return F.cross_entropy(grid, batch["scores"].softmax(dim=1)), {}
-        scores = torch.sigmoid(grid) * self.scale  # sentence-transformers' activation and scale
-        return F.cross_entropy(scores, torch.zeros(grid.shape[0], dtype=torch.long, device=grid.device)), {}
+        return self.loss_fn(logits, batch, self.scale, self.pos_weight), {}
 
     def save(self, model, out, tokenizer: Tokenizer) -> None:
         """The Hugging Face directory, its tokenizer's model_max_length the training length: sentence-transformers'
@@ -154,8 +135,9 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None)
     from ..interop.hf import family_of, load_pretrained, read_config
 
     data = read_tuples(train_path, cfg.train_split)
-    loss = rerank_loss_name(cfg.loss, data)
-    check_negatives(loss, RERANK_LOSSES, data, cfg.batch_size, drawn=cfg.num_negatives)
+    row = resolve("rerank", cfg.loss, data)
+    loss = row.name
+    check_negatives(row, data, cfg.batch_size, world_size(), drawn=cfg.num_negatives)
     if model is None:
         cls = family_of(cfg.model).head("sequence-classification")
         if read_config(cfg.model).num_labels != 1 or cls.hf_architecture not in _architectures(Path(cfg.model)):
@@ -167,7 +149,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None)
         raise InputError("--candidates is required: the first stage's ranking of the --dev queries (a TREC run "
                          "file, e.g. from bertforge evaluate retrieval --run)")
     task = RerankTask(data, dev, candidates_for(dev, cfg.candidates) if dev is not None else {}, tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed, loss,
-                      cfg.num_negatives, cfg.scale if cfg.scale is not None else 10.0, cfg.pos_weight, cfg.rerank_top_k)
+                      cfg.num_negatives, cfg.scale if cfg.scale is not None else row.scale, cfg.pos_weight, cfg.rerank_top_k)
     return model, task
 
 

@@ -15,33 +15,19 @@ documents still run as one module call, and GradCache splits that flag with the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
 from ..data.retrieval import read_tuples
+from ..losses import check_negatives, resolve
 from ..models.splade import SpladeEncoder
 from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..retrieval.sparse_index import InvertedIndex
 from ..tokenization.tokenizer import Tokenizer
+from ..training.distributed import gather, world_size
 from .embedding import EmbeddingTask, resolve_prompts
-from .embedding_losses import (ROWS, SCORED_PAIRS, SCORED_TUPLES, check_negatives, cosent, distill_kl_div, gather,
-                               margin_mse, multiple_negatives_ranking, resolve_loss)
-
-# sentence-transformers' sparse losses: (function, rows, default scale, the similarity it compares with).
-SPARSE_LOSSES: dict[str, tuple[Callable[..., torch.Tensor], str, float, str]] = {
-    "SparseMultipleNegativesRankingLoss": (multiple_negatives_ranking, ROWS, 1.0, "dot"),
-    "SparseCoSENTLoss": (cosent, SCORED_PAIRS, 20.0, "cosine"),
-    "SparseMarginMSELoss": (margin_mse, SCORED_TUPLES, 1.0, "dot"),
-    "SparseDistillKLDivLoss": (distill_kl_div, SCORED_TUPLES, 2.0, "dot"),  # its "scale" is the temperature
-}
-SPARSE_ALIASES = {"mnrl": "SparseMultipleNegativesRankingLoss", "in-batch": "SparseMultipleNegativesRankingLoss",
-                  "cosent": "SparseCoSENTLoss", "margin-mse": "SparseMarginMSELoss", "kl": "SparseDistillKLDivLoss"}
-SPARSE_DEFAULTS = {ROWS: "SparseMultipleNegativesRankingLoss", SCORED_PAIRS: "SparseCoSENTLoss",
-                   SCORED_TUPLES: "SparseMarginMSELoss"}
 
 
 def flops(vectors: torch.Tensor) -> torch.Tensor:
@@ -52,7 +38,7 @@ def flops(vectors: torch.Tensor) -> torch.Tensor:
 class SparseTask(EmbeddingTask):
     """The Trainer's task for a `SpladeEncoder`: an embedder's rows and losses plus SpladeLoss's regularisers."""
 
-    losses = {name: (fn, rows, scale) for name, (fn, rows, scale, _) in SPARSE_LOSSES.items()}
+    kind = "sparse"  # its losses' rows in `losses/registry.py`
 
     def __init__(self, *args, query_weight: float | None, document_weight: float, warmup_ratio: float = 1 / 3,
                  static_queries: bool = False, query_tokenizer: Tokenizer | None = None,
@@ -140,9 +126,8 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Spla
     from ..tokenization.kinds import load_tokenizer
 
     data = read_tuples(train_path, cfg.train_split)
-    rows_of = {n: rows for n, (_, rows, _, _) in SPARSE_LOSSES.items()}
-    loss = resolve_loss(cfg.loss, data, rows_of, SPARSE_ALIASES, SPARSE_DEFAULTS)
-    check_negatives(loss, rows_of, data, cfg.batch_size)
+    row = resolve("sparse", cfg.loss, data)
+    check_negatives(row, data, cfg.batch_size, world_size())
     if model is None:
         model = load_splade(cfg.model, cfg.pooling, cfg.activation, cfg.inference_free)
     if cfg.max_active_dims is not None:
@@ -162,7 +147,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Spla
         raise ConfigError(f"{flag('query_lr')} is the rate of an inference-free model's query weights; add "
                           f"{flag('inference_free')}")
     task = SparseTask(data, read_dev_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size,
-                      cfg.seed, loss, cfg.scale, SPARSE_LOSSES[loss][3], prompts,
+                      cfg.seed, row.name, cfg.scale, row.similarity, prompts,
                       mini_batch_size=cfg.mini_batch_size, query_weight=cfg.query_regularizer_weight,
                       document_weight=cfg.document_regularizer_weight, static_queries=model.inference_free,
                       query_tokenizer=query_tokenizer, query_length=query_length)
