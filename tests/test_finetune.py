@@ -209,7 +209,7 @@ def test_finetune_ner(tmp_path, tiny_checkpoint):
 
 def test_every_training_example_is_seen_each_epoch():
     """10 examples in batches of 4: three micro-batches (4, 4, 2), each example exactly once."""
-    from bertforge.tasks import FeatureTask
+    from bertforge.tasks.base import FeatureTask
 
     train = [{"input_ids": [2, 10 + i, 3], "token_type_ids": [0, 0, 0], "labels": i % 2} for i in range(10)]
     task = FeatureTask(train, [], batch_size=4, seed=0, pad_id=0)
@@ -218,9 +218,26 @@ def test_every_training_example_is_seen_each_epoch():
     assert sorted(seen) == list(range(10, 20))
 
 
-def test_every_task_name_has_a_module():
-    """The CLI's task names (runconfig, torch-free) and the task table (tasks/) list the same tasks."""
-    from bertforge.runconfig import FINETUNE_TASKS as NAMES
+def test_the_task_table_is_what_the_cli_and_finetune_read():
+    """One table (tasks/table.py): every row's module builds, its settings class is the command's, and the CLI's
+    finetune, distill and evaluate subcommands are exactly the table's rows; reading it imports no torch."""
+    import importlib
+    import subprocess
+    import sys
+
+    from bertforge.cli.commands import distill_app, evaluate_app, finetune_app
     from bertforge.tasks import TASKS
 
-    assert set(NAMES) == set(TASKS)
+    def names(app):
+        return {c.name for c in app.registered_commands}
+
+    assert names(finetune_app) == set(TASKS)
+    assert {n for n, spec in TASKS.items() if spec.distill} == names(distill_app) - {"mlm"}
+    assert {n for n, spec in TASKS.items() if spec.evaluate} == names(evaluate_app) - {"retrieval", "rerank"}
+    for name, spec in TASKS.items():
+        assert callable(importlib.import_module(f"bertforge.tasks.{spec.module}").build), name
+    done = subprocess.run([sys.executable, "-c", "import sys, bertforge.tasks; print('torch' in sys.modules)"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+

@@ -19,7 +19,8 @@ import transformers
 from bertforge.training.finetune import FinetuneConfig, build
 from bertforge.models.heads import span_loss
 from bertforge.interop.hf import to_hf_state_dict
-from bertforge.tasks import FeatureTask, collate
+from bertforge.data.batching import collate
+from bertforge.tasks.base import FeatureTask
 from bertforge.tokenization.tokenizer import Tokenizer
 from bertforge.training.trainer import TrainConfig, Trainer
 

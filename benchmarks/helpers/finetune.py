@@ -57,7 +57,7 @@ def run_trainer(cfg: FinetuneConfig, train_path: str, eval_path: str, out: Path,
     tokenizer = Tokenizer.from_pretrained(cfg.model)
     ours, task = build(cfg, tokenizer, train_path, eval_path)
     model = hf_model(cfg.task, cfg.model, ours.config)
-    from bertforge.tasks import collate
+    from bertforge.data.batching import collate
 
     train = trainer_rows(task)
     args = training_args(cfg, out)

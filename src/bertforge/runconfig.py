@@ -323,8 +323,6 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
             raise ConfigError(f"{flag('eval_batches')} must be at least 1")
 
 
-TASKS = ("classify", "regress", "ner", "qa")  # the labelled-data tasks: finetune, distill and evaluate
-FINETUNE_TASKS = (*TASKS, "embed", "rerank", "sparse", "colbert")
 # Pretraining objectives: masked-LM alone, with a sentence-pair head (BERT's next sentence, ALBERT's order), or
 # ELECTRA's replaced-token detection (a generator and a discriminator).
 OBJECTIVES = ("mlm+nsp", "mlm+sop", "rtd", "mlm")
@@ -364,8 +362,6 @@ class FinetuneConfig(TrainConfig):
         if self.seq_len is None:
             self.seq_len = 384 if self.task == "qa" else 128  # SQuAD's usual window
         super().__post_init__()
-        if self.task not in FINETUNE_TASKS:
-            raise ConfigError(f"unknown task {self.task!r}; use one of {', '.join(FINETUNE_TASKS)}")
         if self.backend == "jax" and self.task != "classify":  # JAX has the sequence-classification head only
             raise ConfigError(f"{flag('backend')} jax fine-tunes classify only, not {self.task}")
         for name in self.required:

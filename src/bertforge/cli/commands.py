@@ -21,8 +21,8 @@ from ..heartbeat import phase
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
 from ..safefiles import check_output_file
-from ..runconfig import (ColbertConfig, DistillConfig, DistillMLMConfig, EmbedConfig, FinetuneConfig, PretrainConfig,
-                         RerankConfig, SparseConfig)
+from ..runconfig import DistillConfig, DistillMLMConfig, PretrainConfig
+from ..tasks import TASKS
 from .build import command, settings_from
 
 app = typer.Typer(name="bertforge", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -222,41 +222,6 @@ _FINETUNE_ARGS = """
         config: a JSON or YAML file of these settings (flags given here override it)
         json: print the final summary as one JSON object
     """
-_FINETUNE_HELP = {
-    "classify": "Fine-tune a sequence classifier (accuracy selects the model).",
-    "regress": "Fine-tune a regressor of one score per text or pair (Pearson selects the model).",
-    "ner": "Fine-tune a token classifier for named entities (entity F1 selects the model).",
-    "qa": "Fine-tune extractive question answering on SQuAD-format data (F1 selects the model).",
-    "embed": """Fine-tune an embedder (a bi-encoder) for retrieval or similarity.
-
-    From any family checkpoint (a Pooling module is added) or a sentence-transformers directory
-    (its modules kept). Rows are read by column shape: (anchor, positive[, negatives...]) train
-    with in-batch negatives, (text1, text2, score) with CoSENT; no batch holds one text twice.
-    Retrieval on the --dev BEIR folder (nDCG@10) selects the model, written as a
-    sentence-transformers directory with its prompts.""",
-    "rerank": """Fine-tune a reranker (a cross-encoder: one relevance logit per (query, passage) pair).
-
-    From any family checkpoint (a one-logit head is added) or a cross-encoder. (query, passage,
-    label) rows train with binary cross-entropy; (query, positive[, negatives...]) rows with
-    MultipleNegativesRankingLoss over their own and in-batch negatives. Reranking the --candidates
-    run of the --dev queries (nDCG@10) selects the model, which sentence-transformers' CrossEncoder
-    loads and `serve` answers /rerank with.""",
-    "colbert": """Fine-tune a ColBERT late-interaction model (one small vector per token, scored by MaxSim).
-
-    From any family checkpoint ([Q]/[D] prefix tokens and a --dim projection are added, as PyLate
-    adds them) or a PyLate ColBERT directory. Queries are expanded with [MASK] to --query-length;
-    documents drop punctuation. (query, positive[, negatives...]) rows train with PyLate's
-    Contrastive loss over in-batch and hard negatives; rows with a teacher's score of every
-    passage with its Distillation loss. Exact MaxSim retrieval on the --dev BEIR folder (nDCG@10)
-    selects the model, written as a PyLate directory.""",
-    "sparse": """Fine-tune a SPLADE sparse encoder (one weight per vocabulary word) for retrieval.
-
-    From any family checkpoint with a masked-LM head, or a sentence-transformers SparseEncoder
-    directory. Rows are read by column shape as for embed; sentence-transformers' sparse losses
-    are wrapped in SpladeLoss's FLOPS regularisers (query and document weights, warmed up over
-    the first third of the steps). Retrieval on the --dev BEIR folder through an exact inverted
-    index (nDCG@10) selects the model, written as a SparseEncoder directory.""",
-}
 _FINETUNE_COMMON = """
 
     Each run evaluates every epoch (or every --eval-every steps), keeps the best model, and writes
@@ -265,8 +230,7 @@ _FINETUNE_COMMON = """
 
 def _finetune_command(task: str) -> None:
     """`bertforge finetune TASK`: one subcommand per task, each its config class's flags with its task set."""
-    settings_class = {"embed": EmbedConfig, "rerank": RerankConfig, "sparse": SparseConfig,
-                      "colbert": ColbertConfig}.get(task, FinetuneConfig)
+    settings_class = TASKS[task].settings
 
     def finetune(*, config: str | None = None, json: bool = False, ctx: typer.Context | None = None,
                  **settings: Any) -> None:
@@ -275,11 +239,11 @@ def _finetune_command(task: str) -> None:
         run_finetune(settings_from(settings_class, settings, config, ctx, task=task), as_json=json)
 
     finetune.__name__ = finetune.__qualname__ = f"finetune_{task}"
-    finetune.__doc__ = _FINETUNE_HELP[task] + _FINETUNE_COMMON + _FINETUNE_ARGS
+    finetune.__doc__ = TASKS[task].summary + _FINETUNE_COMMON + _FINETUNE_ARGS
     command(finetune_app, task, settings=settings_class)(finetune)
 
 
-for _task in _FINETUNE_HELP:
+for _task in TASKS:
     _finetune_command(_task)
 
 
@@ -289,21 +253,6 @@ _DISTILL_ARGS = """
         config: a JSON or YAML file of these settings (flags given here override it)
         json: print the final summary as one JSON object
     """
-_DISTILL_HELP = {
-    "classify": """Distil a fine-tuned classifier into a smaller student.
-
-    The student (by default the teacher's every other layer, or --model) is trained on the
-    training file with the teacher's soft targets mixed with the gold labels (--alpha, at
-    --temperature), on fine-tuning's loop: evaluation every epoch, the best model kept, exact
-    resume. Reports the student's and the teacher's dev scores, sizes and speeds.""",
-    "regress": "Distil a fine-tuned regressor into a smaller student (mean-squared error to the teacher and the gold "
-               "score).",
-    "ner": "Distil a fine-tuned NER model into a smaller student (the teacher's tag distribution at each word).",
-    "qa": "Distil a fine-tuned question-answering model into a smaller student (the teacher's start and end "
-          "distributions over each window).",
-}
-
-
 def _distill_command(task: str) -> None:
     """`bertforge distill TASK`: one subcommand per task, each `DistillConfig`'s flags with its task set."""
 
@@ -314,11 +263,11 @@ def _distill_command(task: str) -> None:
         run_distill(settings_from(DistillConfig, settings, config, ctx, task=task), as_json=json)
 
     distill.__name__ = distill.__qualname__ = f"distill_{task}"
-    distill.__doc__ = _DISTILL_HELP[task] + _DISTILL_ARGS
+    distill.__doc__ = TASKS[task].distill + _DISTILL_ARGS
     command(distill_app, task, settings=DistillConfig)(distill)
 
 
-for _task in _DISTILL_HELP:
+for _task in (name for name, spec in TASKS.items() if spec.distill):
     _distill_command(_task)
 
 
@@ -344,12 +293,6 @@ def distill_mlm(corpus: list[str], *, config: str | None = None, json: bool = Fa
                  as_json=json)
 
 
-_EVALUATE_HELP = {"classify": "Score a fine-tuned classifier on a labelled file (accuracy, F1, MCC).",
-                  "regress": "Score a fine-tuned regressor on a labelled file (Pearson, Spearman).",
-                  "ner": "Score a fine-tuned NER model on a CoNLL or JSONL file (entity F1, conlleval's rules).",
-                  "qa": "Score a fine-tuned question-answering model on a SQuAD-format file (EM, F1)."}
-
-
 def _evaluate_command(task: str) -> None:
     def evaluate(*, model: str, data: str, predictions: str | None = None, seq_len: int | None = None,
                  batch_size: int = 32, text_column: str | None = None, pair_column: str | None = None,
@@ -365,7 +308,7 @@ def _evaluate_command(task: str) -> None:
         show(metrics, json, f"{task} on {data}")
 
     evaluate.__name__ = evaluate.__qualname__ = f"evaluate_{task}"
-    evaluate.__doc__ = _EVALUATE_HELP[task] + """
+    evaluate.__doc__ = TASKS[task].evaluate + """
 
     Args:
         model: fine-tuned checkpoint directory
@@ -382,7 +325,7 @@ def _evaluate_command(task: str) -> None:
     command(evaluate_app, task)(evaluate)
 
 
-for _task in _EVALUATE_HELP:
+for _task in (name for name, spec in TASKS.items() if spec.evaluate):
     _evaluate_command(_task)
 
 

@@ -1,31 +1,10 @@
-"""Fine-tuning tasks, one module each: its reader, features, task spec (how batches are made and
-scored), head and metric. `TASKS` maps a task name to its `build(cfg, tokenizer, train, dev, model)`,
-which returns (model, task) for the one training loop. Pretraining is `pretraining.build`, which
-takes prepared shards instead of labelled files.
+"""Fine-tuning tasks, one module each: its reader, features, task object (how batches are made, scored and
+saved), head and metric; `table.py` is the one table of them (name, module, settings, help). Pretraining is
+`pretraining.build`, which takes prepared shards instead of labelled files.
 
-Adding a task means adding a module here and one line in `TASKS` (and its name in
-`runconfig.TASKS`, which the CLI reads without importing torch).
+This package's own namespace imports no torch (the CLI reads the table); import a task's module for its code.
 """
 
-from __future__ import annotations
+from .table import LABELLED, TASKS, TaskSpec, task_spec
 
-from ..data.batching import collate
-from . import classification, colbert, embedding, question_answering, reranking, sparse, token_classification
-from .base import FeatureTask, new_model
-from .classification import ClassificationTask
-from .question_answering import QuestionAnsweringTask
-from .token_classification import TokenClassificationTask
-
-TASKS = {
-    "classify": classification.build,
-    "regress": classification.build,
-    "ner": token_classification.build,
-    "qa": question_answering.build,
-    "embed": embedding.build,
-    "rerank": reranking.build,
-    "sparse": sparse.build,
-    "colbert": colbert.build,
-}
-
-__all__ = ["TASKS", "FeatureTask", "ClassificationTask", "TokenClassificationTask", "QuestionAnsweringTask",
-           "new_model", "collate"]
+__all__ = ["LABELLED", "TASKS", "TaskSpec", "task_spec"]

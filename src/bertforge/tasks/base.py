@@ -1,11 +1,13 @@
-"""What every fine-tuning task shares: shuffled training batches and length-sorted prediction over
-feature dicts (`FeatureTask`), and the model a task starts from (`new_model`)."""
+"""What every fine-tuning task shares: the task protocol with its defaults (`Task`, `model_folder`), shuffled
+training batches and length-sorted prediction over feature dicts (`FeatureTask`), and the model a task starts from
+(`new_model`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,18 +15,45 @@ import torch
 from ..data.batching import collate
 from ..errors import InputError
 from ..inference.loop import device_of, run_sorted
-from ..interop.hf import family_of, load_pretrained, read_config
+from ..interop.hf import family_of, load_pretrained, read_config, save_pretrained
 from ..models.config import BertConfig
 from ..models.registry import HEADS
 from ..runconfig import FinetuneConfig
 from ..tokenization.tokenizer import Tokenizer
 
 
-class FeatureTask:
-    """Shuffled training batches and length-sorted prediction over feature dicts."""
+class Task:
+    """A fine-tuning task object: the loop's `trainer.Task` (batches, loss, evaluation) plus what `finetune` does
+    with the trained model, each with the default a task overrides only where it differs."""
 
-    main_metric = "loss"
+    main_metric = "loss"  # the evaluation figure that selects the model
     greater_is_better = True
+
+    def save(self, model: torch.nn.Module, out: Path, tokenizer: Tokenizer) -> None:
+        """Write the trained model to `out`: by default the Hugging Face layout with its tokenizer."""
+        save_pretrained(model, out, tokenizer=tokenizer)
+
+    def write_card(self, out: Path, cfg: Any, results: dict[str, Any]) -> None:
+        """Write a README.md model card beside the model (the table's `card` tasks); by default none."""
+
+    def prediction_rows(self, model: torch.nn.Module) -> list[dict] | dict:
+        """`evaluate --predictions`: the model's predictions on the dev data, one JSON object each (a list), or one
+        object for the whole file (a dict: SQuAD's question id -> answer)."""
+        raise NotImplementedError(f"{type(self).__name__} writes no predictions")
+
+
+class CardTask(Task):
+    """A task whose output carries a README.md model card (the retrieval trainers: their users' libraries write
+    one beside every model they save)."""
+
+    def write_card(self, out: Path, cfg: Any, results: dict[str, Any]) -> None:
+        from ..training.model_card import write_model_card
+
+        write_model_card(out, cfg, self, results)
+
+
+class FeatureTask(Task):
+    """Shuffled training batches and length-sorted prediction over feature dicts."""
 
     def __init__(self, train: list[dict], dev: list[dict], batch_size: int, seed: int, pad_id: int,
                  pack_to: int | None = None) -> None:

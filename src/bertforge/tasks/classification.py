@@ -4,6 +4,7 @@ task -> metric (accuracy / F1 / MCC, or Pearson / Spearman)."""
 from __future__ import annotations
 
 from ..data.classification import Columns, check_labels, label_set, read_examples, regression_targets, truncate_ids
+from ..errors import InputError
 from ..metrics import classification_metrics, regression_metrics
 from ..models.heads import BertForSequenceClassification
 from ..runconfig import FinetuneConfig
@@ -23,6 +24,11 @@ class ClassificationTask(FeatureTask):
         if self.regression:
             return self.predict(model, features, lambda out, _: out.logits.squeeze(-1).float().tolist())
         return self.predict(model, features, lambda out, _: out.logits.argmax(-1).tolist())
+
+    def prediction_rows(self, model) -> list[dict]:
+        """`evaluate --predictions`: one {"label": name} (or {"value": score}) per dev example."""
+        values = self.predictions(model, self.dev)
+        return [{"value": v} if self.regression else {"label": self.id2label[v]} for v in values]
 
     def evaluate(self, model) -> dict[str, float]:
         return self.score(self.predictions(model, self.dev), [f["labels"] for f in self.dev])
@@ -69,6 +75,8 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     else:
         if model is None:
             model = new_model(cfg, BertForSequenceClassification, label_set(train), tokenizer)
+        elif model.config.num_labels == 1:
+            raise InputError(f"{cfg.model}: a regression model (num_labels = 1); use `evaluate regress`")
         id2label = model.config.id2label
         label2id = {v: k for k, v in id2label.items()}
         for path, examples in ((train_path, train or []), (dev_path, dev)):

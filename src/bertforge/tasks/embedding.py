@@ -28,6 +28,7 @@ from ..tokenization.tokenizer import Tokenizer
 from ..losses import check_negatives, losses_of, resolve
 from ..training.distributed import world_size
 from ..training.gradcache import cached
+from .base import CardTask
 
 log = logging.getLogger("bertforge")
 
@@ -124,8 +125,8 @@ def rank_rows(batches: list[list[int]], index: int, batch_size: int) -> tuple[in
     return index // world, slice(part * batch_size, (part + 1) * batch_size) if world > 1 else slice(None)
 
 
-class EmbeddingTask:
-    """The Trainer's task for a `SentenceEncoder` (see `trainer.Task`)."""
+class EmbeddingTask(CardTask):
+    """The Trainer's task for a `SentenceEncoder` (see `trainer.Task` and `base.Task`)."""
 
     main_metric = "ndcg@10"
     greater_is_better = True

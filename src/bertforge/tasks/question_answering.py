@@ -25,6 +25,10 @@ class QuestionAnsweringTask(FeatureTask):
         self.null_threshold, self.tune = null_threshold, tune_null_threshold
         self.has_impossible = any(e.impossible for e in examples)
 
+    def prediction_rows(self, model) -> dict[str, str]:
+        """`evaluate --predictions`: SQuAD's official format, one object of question id -> answer text."""
+        return self.answers(model)[0]
+
     def answers(self, model, features: list[dict] | None = None,
                 use_null: bool = True) -> tuple[dict[str, str], dict[str, float]]:
         """(question id -> answer, question id -> null-minus-best-span margin) over all windows."""

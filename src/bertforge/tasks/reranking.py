@@ -23,6 +23,7 @@ from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.tokenizer import Tokenizer
 from ..training.distributed import world_size
+from .base import CardTask
 from .embedding import global_batches, rank_rows
 
 def rerank_loss_name(name: str | None, data: TupleData) -> str:
@@ -30,8 +31,8 @@ def rerank_loss_name(name: str | None, data: TupleData) -> str:
     return resolve("rerank", name, data).name
 
 
-class RerankTask:
-    """The Trainer's task for a one-logit sequence classifier (see `trainer.Task`)."""
+class RerankTask(CardTask):
+    """The Trainer's task for a one-logit sequence classifier (see `trainer.Task` and `base.Task`)."""
 
     main_metric = "ndcg@10"
     greater_is_better = True

@@ -34,6 +34,10 @@ class TokenClassificationTask(FeatureTask):
             tags.append(words + ["O"] * (feature["num_words"] - len(words)))
         return tags
 
+    def prediction_rows(self, model) -> list[dict]:
+        """`evaluate --predictions`: one {"tags": [...]} per dev sentence."""
+        return [{"tags": t} for t in self.word_tags(model, self.dev)]
+
     def evaluate(self, model) -> dict[str, float]:
         result = entity_metrics([f["tags"] for f in self.dev], self.word_tags(model, self.dev))
         per_type = result.pop("per_type")

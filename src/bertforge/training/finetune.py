@@ -1,14 +1,14 @@
-"""`bertforge finetune` and `bertforge evaluate`: classification, regression and NER on the one loop.
+"""`bertforge finetune` and `bertforge evaluate`: every task of the task table (`tasks/table.py`) on the one loop.
 
-Each run reads the data, builds label maps from the training file, loads the model with a
-matching head (or a new head on a pretrained backbone), trains with evaluation every
-epoch, keeps the best model by the task's main metric (early stopping with `--patience`),
-and exports it in the Hugging Face layout with `id2label` / `label2id`. `--seeds 1,2,3`
-repeats the run per seed and reports mean ± std.
+Each run loads the tokenizer, has the task's module build (model, task) from the data, trains with evaluation
+every epoch, keeps the best model by the task's main metric (early stopping with `--patience`), and has the task
+save it (the Hugging Face layout by default) with its model card where the task writes one. `--seeds 1,2,3`
+repeats the run per seed and reports mean ± std. Nothing here knows a task by name.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import statistics
@@ -20,15 +20,15 @@ from typing import Any
 import torch
 
 from ..data.classification import Columns
-from ..errors import BertforgeError, InputError
+from ..errors import BertforgeError
 from ..heartbeat import phase
-from ..interop.hf import heads_from_checkpoint, load_for_task, read_config, save_pretrained
+from ..interop.hf import heads_from_checkpoint, load_for_task, read_config
 from ..jsonfile import dumps
 from ..models.config import BertConfig
 from ..models.registry import TASK_ARCHITECTURES
 from ..safefiles import write_text
-from ..runconfig import TASKS, FinetuneConfig, TrainConfig, check_seq_len, fit_seq_len  # noqa: F401  (TASKS re-exported)
-from ..tasks import TASKS as TASK_BUILDERS
+from ..runconfig import FinetuneConfig, TrainConfig, check_seq_len, fit_seq_len
+from ..tasks import task_spec
 from ..tokenization.kinds import load_tokenizer
 from ..tokenization.tokenizer import Tokenizer
 from . import distributed as dist
@@ -36,14 +36,18 @@ from .engines import make_trainer
 from .runs import claim_output, report, save_run_config
 
 
-def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
-    """The run's tokenizer, checked against the model: every id it can give must have an embedding."""
+def _model_config(cfg: FinetuneConfig) -> Any:
+    """The config of the run's model: its directory's (the folder the task keeps the backbone in), or a preset's (a
+    mistyped directory is called missing)."""
     if Path(cfg.model).is_dir():
-        from ..interop.sparse_dir import encoder_dir
+        return read_config(task_spec(cfg.task).model_folder(cfg))
+    return BertConfig.from_preset(cfg.model)
 
-        model = str(encoder_dir(cfg.model))  # an inference-free SPLADE model's encoder is in a subfolder
-        config = read_config(model)
-        fit_seq_len(cfg, config)
+
+def _load_tokenizer(cfg: FinetuneConfig, config: Any) -> Tokenizer:
+    """The run's tokenizer, checked against the model (`config`): every id it can give must have an embedding."""
+    if Path(cfg.model).is_dir():
+        model = str(task_spec(cfg.task).model_folder(cfg))
         tokenizer = load_tokenizer(cfg.tokenizer or model)
         largest = max(tokenizer.get_vocab().values())
         if largest >= config.vocab_size:
@@ -57,10 +61,16 @@ def _load_tokenizer(cfg: FinetuneConfig) -> Tokenizer:
             raise BertforgeError(f"--tokenizer {cfg.tokenizer}: its vocabulary is not the checkpoint's ({cfg.model} "
                                  "holds its own tokenizer); fine-tune with the tokenizer the model was trained with")
         return tokenizer
-    fit_seq_len(cfg, BertConfig.from_preset(cfg.model))  # a mistyped directory is called missing
     if not cfg.tokenizer:
         raise BertforgeError(f"--model {cfg.model} is a preset: give --tokenizer DIR with its vocabulary")
     return load_tokenizer(cfg.tokenizer)
+
+
+def _checked(cfg: FinetuneConfig) -> Tokenizer:
+    """Fit the run's length to its model (`fit_seq_len`) and load its checked tokenizer."""
+    config = _model_config(cfg)
+    fit_seq_len(cfg, config)
+    return _load_tokenizer(cfg, config)
 
 
 def _has_tokenizer(folder: str) -> bool:
@@ -77,7 +87,7 @@ def _has_tokenizer(folder: str) -> bool:
 
 def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None):
     """(model, task) for a config, from the task's own module; a given `model` is evaluated as it is."""
-    return TASK_BUILDERS[cfg.task](cfg, tokenizer, train_path, dev_path, model)
+    return task_spec(cfg.task).build(cfg, tokenizer, train_path, dev_path, model)
 
 
 class WithoutDev:
@@ -94,11 +104,14 @@ class WithoutDev:
         return {}
 
 
-def _run_one(cfg: FinetuneConfig, out: Path) -> dict[str, Any]:
+def _run_one(cfg: FinetuneConfig, out: Path, tokenizer: Tokenizer | None = None) -> dict[str, Any]:
+    """One run in `out`; `tokenizer`: the one `run_finetune` loaded for this very run (each seed loads its own, so
+    that no seed sees what another's save changed in it)."""
     if cfg.resume and (out / "eval_results.json").is_file() and not (out / "checkpoints").is_dir():
         return json.loads((out / "eval_results.json").read_text(encoding="utf-8"))  # this seed had finished
     torch.manual_seed(cfg.seed)
-    tokenizer = _load_tokenizer(cfg)
+    if tokenizer is None:
+        tokenizer = _checked(cfg)
     resuming = cfg.resume and (out / "checkpoints").is_dir()
     with phase("reading and tokenising the data"), heads_from_checkpoint(resuming):
         model, task = build(cfg, tokenizer, cfg.train, cfg.dev)
@@ -125,10 +138,7 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
     trainer.restore_best()  # export the selected model, not the last one
     dist.barrier()  # every rank is past its last checkpoint before rank 0 removes them
     if dist.is_main():  # in a torchrun job, rank 0 writes (every rank holds the same weights)
-        if hasattr(task, "save"):  # a task with its own directory layout (an embedder's sentence-transformers modules)
-            task.save(model, out, tokenizer)
-        else:
-            save_pretrained(model, out, tokenizer=tokenizer)
+        task.save(model, out, tokenizer)  # the task's own layout (an embedder's sentence-transformers modules)
         # The loop's checkpoints (model + optimizer state) served the run; the export above is the result.
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
         from ..viz import plot_curves
@@ -143,12 +153,8 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
         results["compile_seconds"] = round(summary["compile_seconds"], 1)
     if summary.get("kernel_compile_seconds") is not None:  # a first run on this machine: not in `seconds`
         results["kernel_compile_seconds"] = round(summary["kernel_compile_seconds"], 1)
-    from .model_card import CARD_TASKS
-
-    if cfg.task in CARD_TASKS and dist.is_main():  # the card sentence-transformers users expect beside it
-        from .model_card import write_model_card
-
-        write_model_card(out, cfg, task, results)
+    if dist.is_main():
+        task.write_card(out, cfg, results)
     return results
 
 
@@ -157,10 +163,12 @@ def run_finetune(cfg: FinetuneConfig, as_json: bool = True) -> dict[str, Any]:
 
     The result is printed at the end: one JSON object with `as_json`, else a readable block.
     """
-    _load_tokenizer(cfg)  # a missing model or tokenizer is refused before --out is touched
+    task_spec(cfg.task)  # a task the table lacks is refused by name
+    tokenizer = _checked(cfg)  # a missing model or tokenizer is refused before --out is touched
     dist.init()  # under torchrun: one run, its processes splitting each global batch
     try:
-        return run_seeds(cfg, _run_one, as_json, "fine-tuning")
+        return run_seeds(cfg, _run_one if cfg.seeds else functools.partial(_run_one, tokenizer=tokenizer), as_json,
+                         "fine-tuning")
     finally:
         dist.cleanup()
 
@@ -203,22 +211,16 @@ def run_evaluate(task: str, model_dir: str, data: str, seq_len: int | None = Non
     columns = columns or Columns()
     if seq_len is not None:  # asked for: honoured or refused, never cut to the model's length unsaid
         check_seq_len(seq_len, model.config)
-    seq_len = 384 if task == "qa" and seq_len is None else (seq_len or 512)
-    cfg = FinetuneConfig(task=task, model=model_dir, train="-", dev=data, seq_len=min(seq_len, model.config.max_sequence_length),
-                         batch_size=batch_size, text_column=columns.text, pair_column=columns.pair,
-                         label_column=columns.label, progress=False)
-    if task == "classify" and model.config.num_labels == 1:
-        raise InputError(f"{model_dir}: a regression model (num_labels = 1); use `evaluate regress`")
+    seq_len = seq_len or task_spec(task).evaluate_seq_len
+    cfg = FinetuneConfig(task=task, model=model_dir, train="-", dev=data,
+                         seq_len=min(seq_len, model.config.max_sequence_length), batch_size=batch_size,
+                         text_column=columns.text, pair_column=columns.pair, label_column=columns.label,
+                         progress=False)
     model, scorer = build(cfg, tokenizer, "", data, model=model)
     model.eval()
     metrics = scorer.evaluate(model)
-    if predictions and task == "qa":  # the official format: question id -> answer text
-        write_text(predictions, dumps(scorer.answers(model)[0]) + "\n")
-    elif predictions:
-        if task == "ner":
-            rows = [{"tags": t} for t in scorer.word_tags(model, scorer.dev)]
-        else:
-            values = scorer.predictions(model, scorer.dev)
-            rows = [{"value": v} if task == "regress" else {"label": model.config.id2label[v]} for v in values]
-        write_text(predictions, "".join(dumps(r) + "\n" for r in rows))
+    if predictions:
+        rows = scorer.prediction_rows(model)
+        lines = [rows] if isinstance(rows, dict) else rows  # one object for the file, or one per example
+        write_text(predictions, "".join(dumps(r) + "\n" for r in lines))
     return metrics

@@ -16,7 +16,6 @@ from typing import Any
 from ..jsonfile import dumps
 from ..safefiles import write_text
 
-CARD_TASKS = ("embed", "rerank", "sparse", "colbert")  # the finetune tasks whose output carries a model card
 MARKER = "<!-- This model card was written by bertforge; a run with --overwrite replaces it. -->"
 
 

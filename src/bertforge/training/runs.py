@@ -84,9 +84,9 @@ def claim_output(cfg: Any, extra: tuple[str, ...] = ()) -> Path:
     elif out.exists() and any(p.name != LOCK_NAME for p in out.iterdir()) and not cfg.overwrite:
         raise BertforgeError(f"{out}: directory exists and is not empty; pass --overwrite to start again there, "
                              "--resume to continue its run, or choose another --out")
-    from .model_card import CARD_TASKS
+    from ..tasks import TASKS
 
-    if getattr(cfg, "task", None) in CARD_TASKS:
+    if getattr(cfg, "task", None) in TASKS and TASKS[cfg.task].card:  # a README.md model card: ours to replace
         check_own_files(out, ("README.md",))
     if dist.is_main():
         lock_directory(out)  # before anything is deleted or written: one run per directory
