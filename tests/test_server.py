@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,15 @@ def test_health_and_docs(server):
                                  "/v1/embeddings", "/v2/embed", "/docs"]
     status, spec = call(server, "/openapi.json")
     assert status == 200 and "/embed" in spec["paths"]
+    # Each dialect's module declares its routes' heads (ROUTES); together they are the routes the server posts, and
+    # docs/serving.md's route table names each.
+    from bertforge.server.apis import ROUTE_TASKS
+
+    assert {path for path, operations in spec["paths"].items() if "post" in operations} == set(ROUTE_TASKS)
+    table = [line for line in (Path(__file__).parents[1] / "docs" / "serving.md").read_text().splitlines()
+             if line.startswith("| `POST ")]
+    for path in ROUTE_TASKS:
+        assert any(f"`POST {path}`" in line or f"`{path}`" in line for line in table), path
 
 
 def test_embed_and_concurrent_micro_batching(server):

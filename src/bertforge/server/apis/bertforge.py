@@ -3,8 +3,12 @@
 Long inputs are cut to what the model reads, as sentence-transformers and the pipelines do.
 (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)"""
 
+from typing import Annotated
+
+from pydantic import Field
 
 from ..errors import Refused
+from ..schemas import Body, Shapes, either
 from .common import Api, normalized
 
 FILL_MASK_DEFAULTS = (5, None)  # top_k, targets: the pipeline's own defaults
@@ -17,6 +21,44 @@ async def embed_texts(api: Api, texts: list[str]) -> dict:
     normalisation, inputs cut to length."""
     found = await api.vectors(texts, await api.service.tokens(texts))
     return {"results": [v.tolist() for v in normalized(found, None, api.service.normalizes)]}
+
+
+# The head each route needs (/embed is TEI's route too, declared in tei.py).
+ROUTES = {"/fill-mask": "fill-mask", "/ner": "ner", "/classify": "classify", "/qa": "qa"}
+
+
+def bodies(s: Shapes, known: dict[str, type]) -> dict[str, type]:
+    """bertforge's request bodies (`{"texts"}` and the rest) for these limits (`s`)."""
+    Text, TextList, MaskedList, max_texts, mask_token = s.Text, s.TextList, s.MaskedList, s.max_texts, s.mask_token
+
+    class Texts(Body):
+        """bertforge's body of /embed, /ner: the inputs, one string each."""
+
+        texts: TextList = Field(..., description="the inputs, one string each")
+
+    class ClassifyTexts(Texts):
+        """Body of /classify: texts, and for pair models (MRPC, RTE, NLI) the second segment of each."""
+
+        text_pairs: TextList | None = Field(None, description="the second text of each pair, as many as 'texts'")
+
+    class QAItem(Body):
+        """One question about one context."""
+
+        question: Text
+        context: Text
+
+    class QAItems(Body):
+        """Several questions, each with its context."""
+
+        items: Annotated[list[QAItem], Field(min_length=1, max_length=max_texts)]
+
+    class MaskedTexts(Body):
+        """Body of /fill-mask: texts with at least one mask token each."""
+
+        texts: MaskedList = Field(..., description=f"the inputs, each with at least one {mask_token}")
+
+    return {"texts": Texts, "fill-mask": MaskedTexts, "classify": ClassifyTexts, "qa": either("items", QAItems, QAItem),
+            "qa-item": QAItem}
 
 
 def add(api: Api) -> None:

@@ -11,12 +11,14 @@ schema leaves them out): they need a calibration range that Cohere does not publ
 the handlers' annotations.)
 """
 
-
 import base64
 import uuid
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 
+from ..schemas import Body, Shapes, choose
 from .common import Api, normalized
 
 
@@ -52,6 +54,50 @@ async def rerank(api: Api, body, version: str | None) -> dict:
     tokens = sum(min(n, limit) for n in counts)
     return {"id": str(uuid.uuid4()), "results": results, "meta": meta(version, tokens), "model": api.service.name,
             "usage": {"total_tokens": tokens}}
+
+
+# The head each route needs.
+ROUTES = {"/v1/rerank": "rerank", "/v2/rerank": "rerank", "/v1/embed": "embed", "/v2/embed": "embed"}
+
+
+def bodies(s: Shapes, known: dict[str, type]) -> dict[str, type]:
+    """Cohere's (and Jina's) rerank and embed bodies for these limits (`s`)."""
+    Long, LongList, Dimensions, TopK, max_texts = s.Long, s.LongList, s.Dimensions, s.TopK, s.max_texts
+
+    class Document(Body):
+        text: Long
+
+    # A text or a {"text"} object, chosen by its shape: a wrong object is then called what it lacks, not what the
+    # other shape would have wanted.
+    DocumentItem = choose(lambda v: "object" if isinstance(v, dict) else "text", text=Long, object=Document)
+    Documents = Annotated[list[DocumentItem], Field(min_length=1, max_length=max_texts)]
+
+    class CohereRerank(Body):
+        """Cohere's (and Jina's) rerank body: answers {results: [{index, relevance_score}], ...}."""
+
+        query: Long
+        documents: Documents
+        model: str | None = Field(None, description="the served model's name, if given")
+        top_n: TopK = Field(None, description="return the best N (default: all)")
+        return_documents: bool = Field(False, description="echo each document in its answer")
+
+    class CohereEmbed(Body):
+        """Cohere's embed body (v1 and v2)."""
+
+        texts: LongList
+        model: str | None = None
+        input_type: Literal["search_document", "search_query", "classification", "clustering"] | None = Field(
+            None, description="chooses the model's prompt of that kind (query or document side); a model without "
+                              "named prompts is unchanged by it")
+        # int8 and uint8 are left out: they need a calibration range that Cohere does not publish.
+        embedding_types: Annotated[list[Literal["float", "base64", "binary", "ubinary"]], Field(min_length=1)] | None = \
+            Field(None, description="float (default), base64 (float32 bytes), binary or ubinary (packed sign bits); "
+                                    "int8 and uint8 are refused: Cohere does not publish their calibration")
+        truncate: Literal["NONE", "START", "END"] = Field("END", description="which end of a long text is cut")
+        output_dimension: Dimensions = Field(None, description="keep the first N dimensions (then re-normalise, "
+                                                               "for a model that normalises)")
+
+    return {"cohere-rerank": CohereRerank, "cohere-embed": CohereEmbed}
 
 
 def add(api: Api) -> None:

@@ -1,4 +1,4 @@
-"""What every dialect's routes share: the request bodies, the length rules, and the model calls.
+"""What every dialect's routes share: the length rules and the model calls.
 
 Lengths follow one rule everywhere: an input longer than the model reads is cut when the request asks
 for truncation (TEI's `truncate: true`, or null with `--auto-truncate`; Cohere's `truncate` START or
@@ -18,7 +18,6 @@ import numpy as np
 
 from ...interop.sentence_dir import PROMPT_SIDES, SIDE_OF_KIND
 from ..errors import Refused, documented
-from ..schemas import request_models
 from ..service import Service
 
 Submit = Callable[[str, list, int], Awaitable[list]]
@@ -57,13 +56,10 @@ def rendered(content: Any) -> Any:
 class Api:
     """The app, the service and the batch runner, with the helpers every route uses."""
 
-    def __init__(self, app: Any, service: Service, submit: Submit) -> None:
+    def __init__(self, app: Any, service: Service, submit: Submit, bodies: dict[str, Any]) -> None:
         self.app, self.service, self.submit = app, service, submit
         self.limits = service.limits
-        # A token id must name a row of the embedding matrix and a token the tokenizer can decode.
-        ids = min(len(service.tokenizer), service.config.vocab_size)
-        self.bodies = request_models(self.limits.max_texts, self.limits.max_chars, service.tokenizer.mask_token,
-                                     service.dimension, ids, tuple(sorted(service.sentence.prompts)))
+        self.bodies = bodies  # every dialect's request bodies, by name (`apis.request_models`)
 
     def post(self, path: str, dialect: str, summary: str) -> Callable:
         """Register a POST route whose errors come in `dialect`'s shape. Its answer is rendered by `rendered`."""

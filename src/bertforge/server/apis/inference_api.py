@@ -13,9 +13,12 @@ Which task runs is decided by the model's head, then by the payload:
 (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)
 """
 
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from ...inference.hf_pipeline import default_activation, fill_mask_rows, ranked
-from ..schemas import choose
+from ..schemas import OPTIONS, Body, InferenceOptions, Shapes, choose, count, shape_of_list
 from .common import Api
 from .tei import classify_pairs, embed_tei, predict_tei, rerank_tei, similarity_tei
 
@@ -68,6 +71,68 @@ async def question_answering(api: Api, body) -> dict:
                (params.max_answer_len if params and params.max_answer_len else 30))
     counts = await api.service.tokens([item["question"]], [item["context"]])
     return (await api.submit("qa", [(item, options)], sum(counts)))[0]
+
+
+# The head each route needs: none, each answers the model's own task.
+ROUTES = {"/": None, "/invocations": None}
+
+
+def bodies(s: Shapes, known: dict[str, type]) -> dict[str, type]:
+    """The Hugging Face Inference API's payloads at / for these limits (`s`); its question-answering input is
+    bertforge's question and context (`known`)."""
+    (Text, Masked, MaskedList, OneOrMore, LongOneOrMore, TopK, max_texts) = (
+        s.Text, s.Masked, s.MaskedList, s.OneOrMore, s.LongOneOrMore, s.TopK, s.max_texts)
+    QAItem = known["qa-item"]
+
+    class ClassifyParameters(Body):
+        top_k: TopK = Field(None, description="the best K labels (default: all)")
+        function_to_apply: Literal["softmax", "sigmoid", "none"] | None = None
+
+    class HFClassify(Body):
+        """The Inference API's text-classification payload: answers [[{label, score}]] per input."""
+
+        inputs: LongOneOrMore
+        parameters: ClassifyParameters
+        options: InferenceOptions | None = OPTIONS
+
+    class FillMaskParameters(Body):
+        top_k: TopK = Field(None, description="predictions per mask (default 5)")
+        targets: Annotated[list[Text], Field(min_length=1, max_length=max_texts)] | None = None
+
+    class HFFillMask(Body):
+        """The Inference API's fill-mask payload: [{score, token, token_str, sequence}]."""
+
+        inputs: choose(shape_of_list, one=Masked, many=MaskedList)
+        parameters: FillMaskParameters | None = None
+        options: InferenceOptions | None = OPTIONS
+
+    class TokenParameters(Body):
+        aggregation_strategy: Literal["first", "average", "max"] | None = Field(
+            None, description="how word labels come from sub-tokens (default first)")
+        ignore_labels: list[str] | None = None
+        stride: count(ge=0) | None = None
+
+    class HFTokens(Body):
+        """The Inference API's token-classification payload: [{entity_group, score, word, start, end}]."""
+
+        inputs: OneOrMore
+        parameters: TokenParameters | None = None
+        options: InferenceOptions | None = OPTIONS
+
+    class QAParameters(Body):
+        top_k: count(ge=1, le=1) | None = Field(None, description="only the best answer is given")
+        doc_stride: count(ge=1) | None = None
+        max_answer_len: count(ge=1) | None = None
+        max_seq_len: count(ge=8) | None = None
+
+    class HFQA(Body):
+        """The Inference API's question-answering payload: {answer, score, start, end}."""
+
+        inputs: QAItem
+        parameters: QAParameters | None = None
+        options: InferenceOptions | None = OPTIONS
+
+    return {"hf-classify": HFClassify, "hf-fill-mask": HFFillMask, "hf-tokens": HFTokens, "hf-qa": HFQA}
 
 
 def add(api: Api) -> None:

@@ -9,12 +9,14 @@ the query or document side (Jina's `task`, Voyage's `input_type`) chooses the mo
 would change the answer and cannot be honoured (Jina's late chunking, Voyage's int8) is refused by name.
 (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)"""
 
-
 import base64
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from ..errors import Refused
+from ..schemas import Body, Shapes, choose, shape_of_list
 from .cohere import packed_bits
 from .common import Api, normalized
 
@@ -27,6 +29,48 @@ def one_of(body, *names: str):
         (a, x), (b, y) = given[:2]
         raise Refused(422, f"{a} is {x!r} and {b} is {y!r}: they are one setting, give it once", param=b)
     return given[0][1] if given else None
+
+
+# The head each route needs.
+ROUTES = {"/v1/embeddings": "embed", "/embeddings": "embed"}
+
+
+def bodies(s: Shapes, known: dict[str, type]) -> dict[str, type]:
+    """OpenAI's embeddings body (with Jina's, Voyage's and PyLate's fields) for these limits (`s`)."""
+    Long, LongList, Ids, IdLists, Dimensions = s.Long, s.LongList, s.Ids, s.IdLists, s.Dimensions
+
+    class OpenAIEmbeddings(Body):
+        """OpenAI's body of /v1/embeddings."""
+
+        input: choose(shape_of_list, one=Long, many=LongList, ids=Ids, nested=IdLists) = Field(
+            ..., description="a text, a list of texts, or token ids of this model's vocabulary (a list, or a list "
+                             "of lists), used as given")
+        model: str = Field(..., description="the served model's name (see /info)")
+        encoding_format: Literal["float", "base64"] | None = Field("float", description="null: float (Voyage)")
+        dimensions: Dimensions = Field(None, description="keep the first N dimensions, then re-normalise")
+        user: str | None = Field(None, description="accepted and not used")
+        # Jina's embedding fields.
+        task: str | None = Field(None, description="Jina's task: retrieval.query / retrieval.passage (or any prompt "
+                                                   "name of the model) choose the model's prompt")
+        normalized: bool | None = Field(None, description="Jina's: L2-normalise (true) or not (false); null: as the "
+                                                          "model does")
+        embedding_type: Literal["float", "base64", "binary", "ubinary"] | None = Field(
+            None, description="Jina's output type: float, base64 (float32 bytes), or packed sign bits")
+        late_chunking: bool | None = Field(None, description="Jina's late chunking: only false (or null)")
+        truncate: bool | None = Field(None, description="Jina's: cut inputs longer than the model reads")
+        # Voyage's embedding fields.
+        input_type: Literal["query", "document"] | None = Field(None, description="Voyage's: chooses the model's "
+                                                                                  "query or document prompt")
+        truncation: bool | None = Field(None, description="Voyage's: cut inputs longer than the model reads")
+        output_dimension: Dimensions = Field(None, description="Voyage's name for dimensions")
+        output_dtype: Literal["float", "binary", "ubinary"] | None = Field(
+            None, description="Voyage's output type; int8 and uint8 are refused (their calibration is not published)")
+        # PyLate's server field.
+        is_query: bool | None = Field(None, description="PyLate's server, on a ColBERT model: encode as queries "
+                                                        "(true, its default) or documents; each embedding is then "
+                                                        "the text's token vectors. Refused on other models")
+
+    return {"openai": OpenAIEmbeddings}
 
 
 def add(api: Api) -> None:

@@ -4,13 +4,17 @@ same style, /embed_multi_vector (a ColBERT model's token vectors, which TEI does
 /embed and /rerank also take bertforge's `{"texts"}` and Cohere's `{"documents"}`, chosen by the body's keys.
 (No `from __future__ import annotations`: FastAPI reads the handlers' annotations.)"""
 
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 from ...inference.hf_pipeline import ranked
 from ...interop.sentence_dir import side_prompt
 from ...inference.sparse import readable, sparse_items
 from ..errors import Refused
+from ..schemas import (DIRECTION, NO_PROMPTS, OPTIONS, PROMPT_NAME, TRUNCATE, Body, InferenceOptions, Shapes,
+                       TruncationDirection, choose, either, shape_of_list)
 from .bertforge import embed_texts
 from .cohere import rerank as cohere_rerank
 from .common import Api, normalized, side_of
@@ -98,6 +102,122 @@ async def similarity_tei(api: Api, body) -> list[float]:
     prompt = api.prompt("parameters.prompt_name", name=parameters.prompt_name if parameters else None)
     unit = np.stack(normalized(await api.vectors(texts, counts, side, prompt), None, True))
     return [float(x) for x in unit[1:] @ unit[0]]
+
+
+# The head each route needs (None: every model answers it): /embed_sparse a SPLADE model's, /embed_multi_vector
+# a ColBERT model's.
+ROUTES = {"/embed": "embed", "/embed_all": "embed", "/embed_sparse": "splade", "/embed_multi_vector": "multi_vector",
+          "/predict": "classify", "/rerank": "rerank", "/similarity": "embed", "/tokenize": None, "/decode": None}
+
+
+def bodies(s: Shapes, known: dict[str, type]) -> dict[str, type]:
+    """TEI's request bodies for these limits (`s`); /embed and /rerank also take bertforge's `{"texts"}` and
+    Cohere's `{"documents"}` (`known`: the bodies of the dialects read before this one), chosen by the body's keys."""
+    (Long, LongList, Ids, IdLists, LongOneOrMore, Dimensions, PromptName, max_texts) = (
+        s.Long, s.LongList, s.Ids, s.IdLists, s.LongOneOrMore, s.Dimensions, s.PromptName, s.max_texts)
+
+    class TEIEmbedAll(Body):
+        """TEI's body of /embed_all (and /embed_sparse): every token's vector."""
+
+        inputs: LongOneOrMore = Field(..., description="one text, or a list of them")
+        truncate: bool | None = TRUNCATE
+        truncation_direction: TruncationDirection = DIRECTION
+        prompt_name: None = NO_PROMPTS
+        options: InferenceOptions | None = OPTIONS
+
+    class TEIEmbedSparse(TEIEmbedAll):
+        """TEI's body of /embed_sparse: a SPLADE model's sparse vector of each input, with a named prompt."""
+
+        prompt_name: PromptName = PROMPT_NAME
+        readable: bool = Field(False, description="bertforge: answer each input as {token: weight}, heaviest first, "
+                                                  "instead of TEI's [{'index', 'value'}]")
+        is_query: bool = Field(False, description="bertforge: encode as SparseEncoder.encode_query does (the query "
+                                                  "route: an inference-free model's query weights; the 'query' "
+                                                  "prompt unless prompt_name says another); else the model's "
+                                                  "default route")
+
+    class EmbedMultiVector(TEIEmbedAll):
+        """Body of /embed_multi_vector: a ColBERT model's token vectors of each input, as a query or a document."""
+
+        is_query: bool = Field(False, description="encode as queries (prefix, [MASK] expansion to query_length), "
+                                                  "else as documents (punctuation dropped), as PyLate's encode")
+
+    class EmbedParameters(Body):
+        """The Inference API's feature-extraction parameters (the same settings as TEI's top-level fields)."""
+
+        normalize: bool | None = None
+        truncate: bool | None = None
+        truncation_direction: TruncationDirection | None = None
+        prompt_name: PromptName = PROMPT_NAME
+
+    class TEIEmbed(TEIEmbedAll):
+        """TEI's body of /embed, and the Inference API's feature-extraction (`parameters`)."""
+
+        inputs: choose(shape_of_list, one=Long, many=LongList, ids=Ids, nested=IdLists) = Field(
+            ..., description="one text, a list of texts, or token ids of this model's vocabulary (a list, or a list "
+                             "of lists), used as given, as TEI takes them")
+        normalize: bool = Field(True, description="L2-normalise the vectors")
+        dimensions: Dimensions = Field(None, description="keep the first N dimensions (then normalise)")
+        prompt_name: PromptName = PROMPT_NAME
+        parameters: EmbedParameters | None = Field(None, description="the Inference API's form of the settings above")
+
+    Pair = Annotated[list[Long], Field(min_length=1, max_length=2)]
+    PredictInput = choose(shape_of_list, one=Long, many=Pair,
+                          nested=Annotated[list[Pair], Field(min_length=1, max_length=max_texts)])
+
+    class TEIPredict(Body):
+        """TEI's body of /predict: a text, a pair [text, text], or a batch of [text] and [text, text]."""
+
+        inputs: PredictInput
+        truncate: bool | None = TRUNCATE
+        truncation_direction: TruncationDirection = DIRECTION
+        raw_scores: bool = Field(False, description="the logits instead of the probabilities")
+        options: InferenceOptions | None = OPTIONS
+
+    class TEIRerank(Body):
+        """TEI's body of /rerank: answers [{index, score}], best first."""
+
+        query: Long
+        texts: LongList
+        raw_scores: bool = Field(False, description="the logit instead of its sigmoid")
+        return_text: bool = Field(False, description="echo each text in its answer")
+        truncate: bool | None = TRUNCATE
+        truncation_direction: TruncationDirection = DIRECTION
+
+    class SimilarityInput(Body):
+        source_sentence: Long
+        sentences: LongList
+
+    class SimilarityParameters(Body):
+        truncate: bool | None = TRUNCATE
+        truncation_direction: TruncationDirection = DIRECTION
+        prompt_name: PromptName = PROMPT_NAME
+
+    class TEISimilarity(Body):
+        """TEI's body of /similarity (and the Inference API's sentence-similarity at /): cosine of each
+        sentence's vector with the source sentence's."""
+
+        inputs: SimilarityInput
+        parameters: SimilarityParameters | None = None
+        options: InferenceOptions | None = OPTIONS
+
+    class Tokenize(Body):
+        """TEI's body of /tokenize."""
+
+        inputs: LongOneOrMore
+        add_special_tokens: bool = True
+        prompt_name: None = NO_PROMPTS
+
+    class Decode(Body):
+        """TEI's body of /decode: token ids back to text."""
+
+        ids: choose(lambda v: "nested" if shape_of_list(v) == "nested" else "ids", ids=Ids, nested=IdLists)
+        skip_special_tokens: bool = True
+
+    return {"embed": either("texts", known["texts"], TEIEmbed),
+            "rerank": either("documents", known["cohere-rerank"], TEIRerank), "tokenize": Tokenize, "embed_all": TEIEmbedAll, "embed_sparse": TEIEmbedSparse,
+            "embed_multi_vector": EmbedMultiVector, "predict": TEIPredict, "similarity": TEISimilarity,
+            "decode": Decode, "tei-embed": TEIEmbed, "tei-rerank": TEIRerank}
 
 
 def add(api: Api) -> None:
