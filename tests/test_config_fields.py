@@ -25,7 +25,7 @@ import bertforge  # noqa: E402
 from bertforge.models.config import HIDDEN_ACT, NO_EFFECT, REFUSED_UNLESS, BertConfig  # noqa: E402
 from bertforge.errors import ConfigError, TokenizerError  # noqa: E402
 from bertforge.models.layers import activation  # noqa: E402
-from bertforge.tokenization.tokenizer import Tokenizer  # noqa: E402
+from bertforge import Tokenizer  # noqa: E402
 
 from conftest import REPO, TINY  # noqa: E402
 
@@ -221,7 +221,7 @@ def test_special_tokens_map_and_config_must_agree(tmp_path, base_tokenizer):
 # ----------------------------------------------------------------------------- determinism
 TRAIN_SCRIPT = """
 import sys
-from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge import Tokenizer
 Tokenizer.train([sys.argv[1]], vocab_size=600, min_frequency=1).save(sys.argv[2])
 """
 

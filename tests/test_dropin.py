@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 import bertforge  # noqa: E402
 from bertforge import Tokenizer  # noqa: E402
-from bertforge.tokenization.sentence import ByteLevelBPETokenizer  # noqa: E402
+from bertforge.tokenization.bpe import ByteLevelBPETokenizer  # noqa: E402
 
 from conftest import corpus, perturbed  # noqa: E402
 from family_utils import MODERNBERT_SHAPES, SHAPES  # noqa: E402

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 import bertforge  # noqa: E402
 from bertforge.errors import BertforgeError  # noqa: E402
 from bertforge.inference.predict import run_predict  # noqa: E402
-from bertforge.tokenization.sentence import ByteLevelBPETokenizer  # noqa: E402
+from bertforge.tokenization.bpe import ByteLevelBPETokenizer  # noqa: E402
 
 from conftest import corpus, perturbed  # noqa: E402
 from family_checks import (assert_embeds_as_sentence_transformers, assert_fill_mask_as_transformers,  # noqa: E402

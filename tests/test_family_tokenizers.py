@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers")
 
 import bertforge  # noqa: E402
 from bertforge.errors import TokenizerError  # noqa: E402
-from bertforge.tokenization.sentence import ByteLevelBPETokenizer, UnigramTokenizer  # noqa: E402
+from bertforge.tokenization.bpe import ByteLevelBPETokenizer  # noqa: E402
+from bertforge.tokenization.unigram import UnigramTokenizer  # noqa: E402
 
 from conftest import corpus  # noqa: E402, F401  (unigram_dirs, modern_dirs: conftest fixtures)
 

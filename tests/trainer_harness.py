@@ -21,7 +21,7 @@ from bertforge.models.heads import span_loss
 from bertforge.interop.hf import to_hf_state_dict
 from bertforge.data.batching import collate
 from bertforge.tasks.base import FeatureTask
-from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge import Tokenizer
 from bertforge.training.trainer import TrainConfig, Trainer
 
 

@@ -13,7 +13,8 @@ import transformers
 
 import bertforge
 from bertforge.models.registry import family
-from bertforge.tokenization.sentence import AlbertTokenizer, ByteLevelBPETokenizer, DebertaV2Tokenizer, UnigramTokenizer
+from bertforge.tokenization.bpe import ByteLevelBPETokenizer
+from bertforge.tokenization.unigram import AlbertTokenizer, DebertaV2Tokenizer, UnigramTokenizer
 from bertforge.tokenization.verbatim import VerbatimTokenizer
 
 from ..common import DATA, need

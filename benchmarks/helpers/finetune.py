@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from bertforge.tokenization.tokenizer import Tokenizer
+from bertforge import Tokenizer
 from bertforge.training.finetune import FinetuneConfig, build
 
 # The Trainer side shares its model, rows and arguments with tests/test_trainer_parity.py's harness.

@@ -20,7 +20,9 @@ _EXPORTS = {
     "BertForNextSentencePrediction": "models.heads",
     "BertForSequenceClassification": "models.heads", "BertForTokenClassification": "models.heads",
     "BertForQuestionAnswering": "models.heads",
-    "Tokenizer": "tokenization.tokenizer", "BatchEncoding": "tokenization.tokenizer",
+    # `Tokenizer` is BERT's WordPiece, the name it has always had here; AutoTokenizer reads every kind.
+    "Tokenizer": "tokenization.wordpiece:WordPieceTokenizer", "WordPieceTokenizer": "tokenization.wordpiece",
+    "BatchEncoding": "tokenization.base",
     "pipeline": "inference.hf_pipeline",
     **{name: "models.roberta" for name in (
         "RobertaConfig", "RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
@@ -55,7 +57,8 @@ def __getattr__(name: str):
         if _EXPORTS[name].startswith("models."):
             # The models know nothing of files; bertforge.interop plugs in from_pretrained / save_pretrained.
             importlib.import_module(".interop", __name__)
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        module, _, attribute = _EXPORTS[name].partition(":")
+        value = getattr(importlib.import_module(f".{module}", __name__), attribute or name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'bertforge' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from ..inference.pipelines import fill_mask
 from ..interop.inspect import format_report, inspect_checkpoint
 from ..models.config import BertConfig
 from ..models.heads import BertForPreTraining
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.wordpiece import WordPieceTokenizer
 
 DEMO_SENTENCES = [
     "Return a new [MASK] containing the items of the iterable.",
@@ -36,7 +36,7 @@ def run_demo(out: Path, preset: str = "tiny", vocab_size: int = 8000, seed: int 
     t0 = time.perf_counter()
     docs = list(stdlib_docstrings())
     print(f"corpus: {len(docs):,} standard-library docstrings, {sum(map(len, docs)) / 1e6:.1f} MB")
-    tokenizer = Tokenizer.train(texts=docs, vocab_size=vocab_size, lowercase=True)
+    tokenizer = WordPieceTokenizer.train(texts=docs, vocab_size=vocab_size, lowercase=True)
     print(f"tokenizer: trained a WordPiece vocabulary of {len(tokenizer):,} in {time.perf_counter() - t0:.1f}s")
 
     config = BertConfig.from_preset(preset, vocab_size=len(tokenizer), max_position_embeddings=128)
@@ -61,7 +61,7 @@ def run_demo(out: Path, preset: str = "tiny", vocab_size: int = 8000, seed: int 
     print(format_report(inspect_checkpoint(out)) + "\n")
 
     reloaded = BertForPreTraining.from_pretrained(out)
-    tok2 = Tokenizer.from_pretrained(out)
+    tok2 = WordPieceTokenizer.from_pretrained(out)
     print("fill-mask (untrained model, so the guesses are random):")
     results = fill_mask(reloaded, tok2, DEMO_SENTENCES, top_k=3)
     for text, per_mask in zip(DEMO_SENTENCES, results):

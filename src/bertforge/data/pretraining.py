@@ -32,7 +32,7 @@ import torch
 
 from ..constants import IGNORE_INDEX
 from ..runconfig import MaskingSettings as MaskingConfig  # noqa: F401  (the collator reads these settings)
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .batching import collate
 from .shards import TokenShards
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .io import read_text
 
 log = logging.getLogger("bertforge")

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..tokenization.kinds import load_tokenizer
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .corpus import CorpusOptions, iter_documents, split_sentences
 
 FORMAT = "bertforge-shards-v1"

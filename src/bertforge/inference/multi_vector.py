@@ -13,7 +13,7 @@ import torch
 
 from ..interop.colbert_dir import ColbertSpec, check_expansion, prefix_ids, skiplist_ids
 from ..models.colbert import ColbertEncoder
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .loop import device_of, evaluating, run_sorted
 
 

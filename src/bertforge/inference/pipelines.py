@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ..errors import InputError
 from ..interop.sentence_dir import POOLING_MODES, SentencePipeline
 from ..models.heads import BertForMaskedLM, BertForPreTraining
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .loop import device_of, evaluating, run_sorted
 
 

@@ -15,7 +15,7 @@ import torch
 
 from ..interop.sparse_dir import SparseSpec
 from ..models.splade import SpladeEncoder
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .loop import device_of, evaluating, run_sorted
 
 

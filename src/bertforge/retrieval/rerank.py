@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..inference.pipelines import relevance
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .beir import RetrievalSet, candidates_for, write_run
 from .evaluate import check_measures, read_retrieval_set
 from .metrics import evaluate_run, ranked

@@ -19,7 +19,7 @@ from ..interop.hf import family_of, load_pretrained, read_config, save_pretraine
 from ..models.config import BertConfig
 from ..models.registry import HEADS
 from ..runconfig import FinetuneConfig
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 
 
 class Task:

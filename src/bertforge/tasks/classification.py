@@ -8,7 +8,7 @@ from ..errors import InputError
 from ..metrics import classification_metrics, regression_metrics
 from ..models.heads import BertForSequenceClassification
 from ..runconfig import FinetuneConfig
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .base import FeatureTask, new_model
 
 

@@ -24,7 +24,7 @@ from ..retrieval.evaluate import read_dev_set
 from ..retrieval.late_interaction import maxsim_top_k
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .embedding import EmbeddingTask, Prompts
 from ..training.distributed import world_size
 from ..training.gradcache import cached_calls, embed_rows

@@ -24,7 +24,7 @@ from ..retrieval.beir import RetrievalSet
 from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from ..losses import check_negatives, losses_of, resolve
 from ..training.distributed import world_size
 from ..training.gradcache import cached

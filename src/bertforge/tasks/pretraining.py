@@ -27,7 +27,7 @@ from ..models.electra import (
 )
 from ..models.registry import family
 from ..runconfig import PretrainConfig, check_seq_len
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 
 
 class PretrainingTask:

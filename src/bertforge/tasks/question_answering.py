@@ -8,7 +8,7 @@ from ..errors import BertforgeError
 from ..metrics import squad_metrics
 from ..models.heads import BertForQuestionAnswering
 from ..runconfig import FinetuneConfig
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .base import FeatureTask, new_model
 
 

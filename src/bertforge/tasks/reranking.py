@@ -21,7 +21,7 @@ from ..retrieval.beir import RetrievalSet, candidates_for
 from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from ..training.distributed import world_size
 from .base import CardTask
 from .embedding import global_batches, rank_rows

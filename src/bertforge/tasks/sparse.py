@@ -25,7 +25,7 @@ from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..retrieval.sparse_index import InvertedIndex
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from ..training.distributed import gather, world_size
 from .embedding import EmbeddingTask, resolve_prompts
 

@@ -8,7 +8,7 @@ from ..errors import InputError
 from ..metrics import entity_metrics
 from ..models.heads import IGNORE_INDEX, BertForTokenClassification
 from ..runconfig import FinetuneConfig
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from .base import FeatureTask, new_model
 
 

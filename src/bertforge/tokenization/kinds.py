@@ -7,11 +7,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ..errors import TokenizerError
-from .sentence import AlbertTokenizer, ByteLevelBPETokenizer, DebertaV2Tokenizer, UnigramTokenizer
-from .tokenizer import Tokenizer
+from .base import Tokenizer
+from .bpe import ByteLevelBPETokenizer
+from .unigram import AlbertTokenizer, DebertaV2Tokenizer, UnigramTokenizer
 from .verbatim import VerbatimTokenizer
+from .wordpiece import WordPieceTokenizer
 
-KINDS: dict[str, type[Tokenizer]] = {"wordpiece": Tokenizer, "bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer}
+KINDS: dict[str, type[Tokenizer]] = {"wordpiece": WordPieceTokenizer, "bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer}
 # tokenizer.json's model type -> kind
 _MODEL_TYPES = {"WordPiece": "wordpiece", "BPE": "bpe", "Unigram": "unigram"}
 
@@ -19,7 +21,7 @@ _MODEL_TYPES = {"WordPiece": "wordpiece", "BPE": "bpe", "Unigram": "unigram"}
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """The tokenizer a directory's files hold (or a vocab.txt given by itself), of whichever kind."""
     if Path(path).is_file():
-        return Tokenizer.from_pretrained(path)
+        return WordPieceTokenizer.from_pretrained(path)
     kind = kind_of_files(path)
     if kind == "unigram":
         return _unigram_pipeline(Path(path)).from_pretrained(path)
@@ -98,7 +100,7 @@ def train_tokenizer(kind: str, tokenizer_class: str, *, files: Iterable[str | Pa
     texts: a function giving a fresh stream of strings (WordPiece reads it twice). `min_frequency` and
     `lowercase` are WordPiece's (and min_frequency BPE's); a Unigram vocabulary keeps case and has no such cut."""
     if kind == "wordpiece":
-        tokenizer = Tokenizer.train(files, vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
+        tokenizer = WordPieceTokenizer.train(files, vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
                                     texts=texts, show_progress=show_progress)
         tokenizer.tokenizer_class = tokenizer_class  # DistilBERT's sends no token_type_ids to its model
         return tokenizer

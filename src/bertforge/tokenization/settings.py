@@ -3,7 +3,7 @@
 transformers builds these tokenizers from their vocabulary plus a few settings of
 tokenizer_config.json, whatever pipeline tokenizer.json carries; the added tokens (with their
 lstrip/rstrip flags) come from tokenizer.json. Every key is honoured, known to change no output,
-or refused by name, as for BERT's WordPiece (`tokenizer.py`).
+or refused by name, as for BERT's WordPiece (`wordpiece.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TokenizerError
-from .tokenizer import _NO_EFFECT_KEYS, SPECIAL_ROLES, read_max_length, read_special_tokens
+from .files import NO_EFFECT_KEYS, SPECIAL_ROLES, read_max_length, read_special_tokens
 
 log = logging.getLogger("bertforge")
 
@@ -65,7 +65,7 @@ def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: 
                       "extra special tokens are not supported for this tokenizer yet")
     known = {"model_max_length", "max_len", "tokenizer_class", "errors", "padding_side", "truncation_side",
              "split_special_tokens", "add_prefix_space", "trim_offsets", "clean_up_tokenization_spaces",
-             *SENTENCE_SPECIALS, *flags, *_NO_EFFECT_KEYS,
+             *SENTENCE_SPECIALS, *flags, *NO_EFFECT_KEYS,
              "unk_id"}  # DeBERTa's: the unknown piece's id, which tokenizer.json's model carries and is read from
     unknown = sorted(k for k in config if k not in known)
     if unknown:

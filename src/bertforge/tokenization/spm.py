@@ -2,7 +2,7 @@
 
 Both go through the `sentencepiece` library (its trainer, and the `ModelProto` it ships, parsed with
 protobuf), installed by the `sentencepiece` extra. What they give back is what the `tokenizers`
-library runs: (piece, score) pairs and the precompiled normalisation map. `sentence.py` turns those
+library runs: (piece, score) pairs and the precompiled normalisation map. `unigram.py` turns those
 into XLM-R's or ALBERT's pipeline.
 
 Why SentencePiece's trainer and not the `tokenizers` one: the `tokenizers` Unigram trainer gives a

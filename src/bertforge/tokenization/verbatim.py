@@ -30,9 +30,10 @@ from tokenizers import Tokenizer as Backend
 from ..errors import TokenizerError
 from ..jsonfile import read_json_object
 from ..safefiles import write_text
-from .sentence import ByteLevelBPETokenizer, SentenceTokenizer
+from .bpe import ByteLevelBPETokenizer
 from .settings import read_sentence_settings
-from .tokenizer import SPECIAL_ROLES
+from .files import SPECIAL_ROLES
+from .subword import SubwordTokenizer
 
 # ModernBERT's special tokens (BERT's names); a PreTrainedTokenizerFast has no defaults of its own.
 MODERN_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
@@ -43,7 +44,7 @@ DEFAULT_INPUTS = ("input_ids", "attention_mask")
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
 
-class VerbatimTokenizer(SentenceTokenizer):
+class VerbatimTokenizer(SubwordTokenizer):
     """tokenizer.json's pipeline as stored (its model byte-level BPE, as ModernBERT's), with the call signature,
     padding, truncation and tensors of every bertforge tokenizer."""
 

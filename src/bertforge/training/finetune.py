@@ -30,7 +30,7 @@ from ..safefiles import write_text
 from ..runconfig import FinetuneConfig, TrainConfig, check_seq_len, fit_seq_len
 from ..tasks import task_spec
 from ..tokenization.kinds import load_tokenizer
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from . import distributed as dist
 from .engines import make_trainer
 from .runs import claim_output, report, save_run_config

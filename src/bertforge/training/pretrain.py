@@ -37,7 +37,7 @@ from ..models.registry import family
 from ..runconfig import PretrainConfig, TrainConfig
 from ..tasks.pretraining import build, check_model
 from ..tokenization.kinds import load_tokenizer, train_tokenizer
-from ..tokenization.tokenizer import Tokenizer
+from ..tokenization.base import Tokenizer
 from . import distributed as dist
 from .engines import make_trainer
 from .runs import claim_output, report, save_run_config
