@@ -278,11 +278,19 @@ def load_sentence_encoder(model_dir: str | Path, pooling: str | None = None, nor
     or from any family checkpoint (a new Pooling: `pooling`, mean by default, as sentence-transformers adds one).
     `pooling` given for a sentence-transformers directory replaces its modes; `normalize` forces normalisation on
     or off."""
-    from ..models.sentence_encoder import Dense, SentenceEncoder
     from .hf import family_of, load_pretrained
 
     backbone = load_pretrained(family_of(model_dir).backbone, model_dir)
-    sentence = read_sentence_dir(model_dir, backbone.config.hidden_size)
+    return sentence_encoder(backbone, read_sentence_dir(model_dir, backbone.config.hidden_size), model_dir, pooling,
+                            normalize)
+
+
+def sentence_encoder(backbone, sentence: SentencePipeline | None, model_dir: str | Path, pooling: str | None = None,
+                     normalize: bool | None = None):
+    """`load_sentence_encoder` for a backbone already loaded and its directory's pipeline already read (`sentence`:
+    None for a plain checkpoint), so that a caller that needs the pipeline too reads the directory once."""
+    from ..models.sentence_encoder import Dense, SentenceEncoder
+
     if sentence is None:
         return SentenceEncoder(backbone, (pooling or "mean",), normalize=bool(normalize))
     dense = []

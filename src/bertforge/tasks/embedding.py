@@ -265,15 +265,20 @@ def evaluate_encoder(task: EmbeddingTask, model: SentenceEncoder, data: Retrieva
 
 def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: SentenceEncoder | None = None):
     """(encoder, task) for `finetune embed` (`cfg`: an `EmbedConfig`)."""
-    from ..interop.sentence_dir import load_sentence_encoder, read_sentence_dir
+    from ..interop.hf import family_of, load_pretrained
+    from ..interop.sentence_dir import read_sentence_dir, sentence_encoder
 
     data = read_tuples(train_path, cfg.train_split)
     row = resolve("embed", cfg.loss, data)
     loss = row.name
     check_negatives(row, data, cfg.batch_size, world_size())
+    # The directory's pipeline is read once (None for a plain checkpoint: then only the flags decide).
     if model is None:
-        model = load_sentence_encoder(cfg.model, cfg.pooling, True if cfg.normalize else None)
-    sentence = read_sentence_dir(cfg.model)  # None for a plain checkpoint: then only the flags decide
+        backbone = load_pretrained(family_of(cfg.model).backbone, cfg.model)
+        sentence = read_sentence_dir(cfg.model, backbone.config.hidden_size)
+        model = sentence_encoder(backbone, sentence, cfg.model, cfg.pooling, True if cfg.normalize else None)
+    else:
+        sentence = read_sentence_dir(cfg.model)
     if not cfg.seq_len_given:  # a sentence-transformers directory's own max_seq_length, as it trains by default
         # sentence-transformers 6 keeps it as the tokenizer's model_max_length; older versions in sentence_bert_config.
         own = sentence and (sentence.max_length or min(tokenizer.model_max_length, 1 << 30))
