@@ -20,6 +20,7 @@ from ..models.config import BertConfig
 from ..models.registry import HEADS
 from ..runconfig import FinetuneConfig
 from ..tokenization.base import Tokenizer
+from ..training.model_card import Card
 
 
 class Task:
@@ -45,6 +46,16 @@ class Task:
 class CardTask(Task):
     """A task whose output carries a README.md model card (the retrieval trainers: their users' libraries write
     one beside every model they save)."""
+
+    card: Card  # what the card says of the model's kind (its library, tags, usage, serving)
+
+    def card_settings(self, cfg: Any) -> dict[str, Any]:
+        """The card's training-settings rows this task adds to the loop's (None: left out)."""
+        return {}
+
+    def card_prompts(self) -> dict[str, str]:
+        """The named prompts the card's usage example passes (`prompt_name`)."""
+        return {}
 
     def write_card(self, out: Path, cfg: Any, results: dict[str, Any]) -> None:
         from ..training.model_card import write_model_card

@@ -25,12 +25,24 @@ from ..retrieval.late_interaction import maxsim_top_k
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..tokenization.base import Tokenizer
+from ..training.model_card import Card
 from .embedding import EmbeddingTask, Prompts
 from ..training.distributed import world_size
 from ..training.gradcache import cached_calls, embed_rows
 
 class ColbertTask(EmbeddingTask):
     """The Trainer's task for a `ColbertEncoder`."""
+
+    card = Card("PyLate", "PyLate, ColBERT, sentence-transformers, feature-extraction", "sentence-similarity",
+                "A ColBERT model", "late interaction: one vector per token, scored by MaxSim", '''```python
+from pylate import models
+
+model = models.ColBERT("{path}")
+queries = model.encode(["how do tides work?"], is_query=True)
+documents = model.encode(["Tides are caused by the moon's gravity."], is_query=False)
+```''',
+                "`bertforge evaluate retrieval --model {path}` scores it by exact MaxSim; `bertforge predict embed "
+                "--multi-vector` gives its token vectors.")
 
     kind = "colbert"  # its losses' rows in `losses/registry.py`
 
@@ -117,6 +129,18 @@ class ColbertTask(EmbeddingTask):
         from ..inference.multi_vector import multi_vector_embed
 
         return multi_vector_embed(model, self.model_tokenizer, self.spec, texts, query, self.eval_batch_size)
+
+    def card_settings(self, cfg) -> dict:
+        spec = self.spec
+        return {"similarity": "MaxSim", "vector size": cfg.dim, "query prefix": repr(spec.query_prefix),
+                "document prefix": repr(spec.document_prefix), "query length": spec.query_length,
+                "document length": spec.document_length, "query expansion": spec.do_query_expansion,
+                "attend to expansion tokens": spec.attend_to_expansion_tokens,
+                "temperature": cfg.temperature if self.loss_name == "Contrastive" else None,
+                "GradCache mini-batch": self.mini_batch_size}
+
+    def card_prompts(self) -> dict[str, str]:
+        return {}  # PyLate's encode takes no prompt names
 
     def evaluate(self, model: ColbertEncoder) -> dict[str, float]:
         queries = self.dev.judged_queries()

@@ -2,9 +2,9 @@
 
 Every text of a row is embedded by the one `SentenceEncoder` in a single forward (all columns of the
 batch, padded once and unpadded inside the model: short queries cost what they are, not a passage's
-length), then the loss (`losses/`, its row in `losses/registry.py`) compares the columns. Batches never hold two copies of
-one text: with in-batch negatives a duplicate would be scored as its own negative. Evaluation is
-retrieval on a BEIR folder (or pairs), nDCG@10 selecting the model.
+length), then the loss (`losses/`, its row in `losses/registry.py`) compares the columns. Batches
+never hold two copies of one text: with in-batch negatives a duplicate would be scored as its own
+negative. Evaluation is retrieval on a BEIR folder (or pairs), nDCG@10 selecting the model.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ from ..data.batching import collate
 from ..data.retrieval import TupleData, read_tuples
 from ..errors import InputError
 from ..inference.loop import device_of, run_sorted
+from ..losses import check_negatives, losses_of, resolve
 from ..models.sentence_encoder import MAX_LEARNED_SCALE, SentenceEncoder
 from ..retrieval.beir import RetrievalSet
 from ..retrieval.evaluate import read_dev_set
 from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run, dense_top_k
 from ..tokenization.base import Tokenizer
-from ..losses import check_negatives, losses_of, resolve
 from ..training.distributed import world_size
 from ..training.gradcache import cached
+from ..training.model_card import Card
 from .base import CardTask
 
 log = logging.getLogger("bertforge")
@@ -127,6 +128,18 @@ def rank_rows(batches: list[list[int]], index: int, batch_size: int) -> tuple[in
 
 class EmbeddingTask(CardTask):
     """The Trainer's task for a `SentenceEncoder` (see `trainer.Task` and `base.Task`)."""
+
+    card = Card("sentence-transformers", "sentence-transformers, sentence-similarity, feature-extraction",
+                "sentence-similarity", "An embedder", "a bi-encoder: one vector per text", '''```python
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("{path}")
+queries = model.encode(["how do tides work?"]{query_prompt})
+documents = model.encode(["Tides are caused by the moon's gravity."]{document_prompt})
+print(model.similarity(queries, documents))
+```''',
+                "bertforge serves it as well: `bertforge serve --model {path}` (OpenAI `/v1/embeddings`, TEI `/embed` "
+                "with `prompt_name`).")
 
     main_metric = "ndcg@10"
     greater_is_better = True
@@ -237,6 +250,17 @@ class EmbeddingTask(CardTask):
         vectors = run_sorted(self.features(texts, query), self.tokenizer.pad_token_id, self.eval_batch_size, step,
                              device=device_of(model))
         return np.stack(vectors)
+
+    def card_settings(self, cfg) -> dict:
+        learned = getattr(self, "learned_scale", None)
+        scale = (f"learned (--learn-scale, rate {cfg.scale_lr:g}): {self.scale:g} at the start, {learned:.4g} at the "
+                 "end" if learned is not None else self.scale)
+        return {"similarity": self.similarity, "scale": scale, "GradCache mini-batch": self.mini_batch_size,
+                "Matryoshka dimensions": list(self.dims) or None, "query prompt": self.prompts.query or None,
+                "document prompt": self.prompts.document or None}
+
+    def card_prompts(self) -> dict[str, str]:
+        return self.prompts.named()
 
     def evaluate(self, model: SentenceEncoder) -> dict[str, float]:
         return evaluate_encoder(self, model, self.dev, self.similarity)[0]

@@ -23,6 +23,7 @@ from ..retrieval.metrics import evaluate_run
 from ..retrieval.rerank import rerank_run
 from ..tokenization.base import Tokenizer
 from ..training.distributed import world_size
+from ..training.model_card import Card
 from .base import CardTask
 from .embedding import global_batches, rank_rows
 
@@ -33,6 +34,15 @@ def rerank_loss_name(name: str | None, data: TupleData) -> str:
 
 class RerankTask(CardTask):
     """The Trainer's task for a one-logit sequence classifier (see `trainer.Task` and `base.Task`)."""
+
+    card = Card("sentence-transformers", "sentence-transformers, cross-encoder, text-ranking", "text-ranking",
+                "A reranker", "a cross-encoder: one relevance score per (query, passage) pair", '''```python
+from sentence_transformers import CrossEncoder
+
+model = CrossEncoder("{path}")
+print(model.predict([("how do tides work?", "Tides are caused by the moon's gravity.")]))
+```''',
+                "bertforge serves it as well: `bertforge serve --model {path}` (TEI `/rerank`).")
 
     main_metric = "ndcg@10"
     greater_is_better = True
@@ -123,6 +133,10 @@ class RerankTask(CardTask):
 
         tokenizer.model_max_length = self.seq_len
         save_pretrained(model, out, tokenizer=tokenizer)
+
+    def card_settings(self, cfg) -> dict:
+        return {"in-batch negatives per query": cfg.num_negatives if self.loss_name == "MultipleNegativesRankingLoss"
+                else None, "positive weight": cfg.pos_weight, "candidates reranked": cfg.rerank_top_k}
 
     def evaluate(self, model) -> dict[str, float]:
         run = rerank_run(model, self.tokenizer, self.dev, self.candidates, self.top_k, self.batch_size * 2)

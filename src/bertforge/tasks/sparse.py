@@ -26,6 +26,7 @@ from ..retrieval.metrics import evaluate_run
 from ..retrieval.search import as_run
 from ..retrieval.sparse_index import InvertedIndex
 from ..tokenization.base import Tokenizer
+from ..training.model_card import Card
 from ..training.distributed import gather, world_size
 from .embedding import EmbeddingTask, resolve_prompts
 
@@ -37,6 +38,18 @@ def flops(vectors: torch.Tensor) -> torch.Tensor:
 
 class SparseTask(EmbeddingTask):
     """The Trainer's task for a `SpladeEncoder`: an embedder's rows and losses plus SpladeLoss's regularisers."""
+
+    card = Card("sentence-transformers", "sentence-transformers, sparse-encoder, splade, feature-extraction",
+                "feature-extraction", "A SPLADE sparse encoder",
+                "one weight per vocabulary word, searched with an inverted index", '''```python
+from sentence_transformers import SparseEncoder
+
+model = SparseEncoder("{path}")
+queries = model.encode_query(["how do tides work?"])
+documents = model.encode_document(["Tides are caused by the moon's gravity."])
+print(model.similarity(queries, documents))
+```''',
+                "`bertforge evaluate retrieval --model {path}` scores it through an exact inverted index.")
 
     kind = "sparse"  # its losses' rows in `losses/registry.py`
 
@@ -97,6 +110,14 @@ class SparseTask(EmbeddingTask):
         return sparse_embed(model, self.query_tokenizer if static else self.tokenizer, texts, self.eval_batch_size,
                             self.query_length if static else self.seq_len,
                             self.prompts.query if query else self.prompts.document, query=query)
+
+    def card_settings(self, cfg) -> dict:
+        return {"similarity": "dot (sparse vectors over the vocabulary)", "SPLADE head": self.head,
+                "query FLOPS weight": cfg.query_regularizer_weight,
+                "document FLOPS weight": cfg.document_regularizer_weight,
+                "regulariser warm-up": "quadratic over the first third of the steps",
+                "max active dims": cfg.max_active_dims, "GradCache mini-batch": self.mini_batch_size,
+                "query prompt": self.prompts.query or None, "document prompt": self.prompts.document or None}
 
     def evaluate(self, model: SpladeEncoder) -> dict[str, float]:
         queries = self.dev.judged_queries()
