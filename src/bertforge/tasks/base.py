@@ -1,4 +1,4 @@
-"""What every fine-tuning task shares: the task protocol with its defaults (`Task`, `model_folder`), shuffled
+"""What every fine-tuning task shares: the task protocol with its defaults (`Task`, `CardTask`), shuffled
 training batches and length-sorted prediction over feature dicts (`FeatureTask`), and the model a task starts from
 (`new_model`)."""
 
@@ -20,7 +20,7 @@ from ..models.config import BertConfig
 from ..models.registry import HEADS
 from ..runconfig import FinetuneConfig
 from ..tokenization.base import Tokenizer
-from ..training.model_card import Card
+from ..training.model_card import Card, write_model_card
 
 
 class Task:
@@ -58,8 +58,6 @@ class CardTask(Task):
         return {}
 
     def write_card(self, out: Path, cfg: Any, results: dict[str, Any]) -> None:
-        from ..training.model_card import write_model_card
-
         write_model_card(out, cfg, self, results)
 
 

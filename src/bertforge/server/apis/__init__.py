@@ -32,9 +32,10 @@ ROUTE_TASKS: dict[str, str | None] = {path: task for module in DIALECTS for path
 def request_models(max_texts: int, max_chars: int, mask_token: str = "[MASK]", dimension: int = 768,
                    vocab_size: int = 30522, prompts: tuple[str, ...] = ()) -> dict[str, Any]:
     """The request body classes of every route, by name, for these limits (`schemas.shapes`)."""
+    made_of = shapes(max_texts, max_chars, mask_token, dimension, vocab_size, prompts)
     found: dict[str, Any] = {}
     for module in DIALECTS:
-        found.update(module.bodies(shapes(max_texts, max_chars, mask_token, dimension, vocab_size, prompts), found))
+        found.update(module.bodies(made_of, found))
     return found
 
 
