@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bertforge.runconfig import DistillMLMConfig
+from bertforge.settings import DistillMLMConfig
 from bertforge.training.finetune import FinetuneConfig, run_finetune
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 

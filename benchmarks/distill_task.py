@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bertforge.runconfig import DistillConfig, FinetuneConfig
+from bertforge.settings import DistillConfig, FinetuneConfig
 from bertforge.training.distill import run_distill
 from bertforge.training.finetune import run_finetune
 

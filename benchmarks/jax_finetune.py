@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bertforge.runconfig import FinetuneConfig
+from bertforge.settings import FinetuneConfig
 from bertforge.training.finetune import run_finetune
 
 from .common import DATA, machine, minilm_dir, need, save

@@ -44,10 +44,10 @@ def test_help_defaults_are_the_settings_defaults():
     """Each default --help shows for pretrain/finetune is the dataclass field's default."""
     from dataclasses import MISSING
 
-    from bertforge.runconfig import FinetuneConfig, PretrainConfig, cli_fields
+    from bertforge.settings import FinetuneConfig, PretrainConfig, cli_fields
 
     paths = dict(subcommand_paths(build_command()))
-    from bertforge.runconfig import EmbedConfig
+    from bertforge.settings import EmbedConfig
 
     for name, cls in ((("pretrain",), PretrainConfig), (("finetune", "classify"), FinetuneConfig),
                       (("finetune", "embed"), EmbedConfig)):

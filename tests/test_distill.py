@@ -15,7 +15,7 @@ from cli_utils import cli as run, slice_file
 from bertforge.errors import BertforgeError, ConfigError
 from bertforge.models.config import BertConfig
 from bertforge.models.heads import BertForSequenceClassification
-from bertforge.runconfig import DistillConfig
+from bertforge.settings import DistillConfig
 from bertforge.tasks.classification import ClassificationTask
 from bertforge.models.distillation import cut_down, student_layers
 from bertforge.training.distill import DistillationTask, cache_mib, soft_loss, teacher_outputs

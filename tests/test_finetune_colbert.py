@@ -198,7 +198,7 @@ def test_colbert_settings_are_checked(tmp_path, base_dir, data, capsys):
 def test_gradcache_gives_the_uncached_gradients(base_dir, data, train, extra):
     """--mini-batch-size: queries and then documents embedded 3 texts a call; the loss and every parameter's gradient
     equal the whole batch's in one call."""
-    from bertforge.runconfig import ColbertConfig
+    from bertforge.settings import ColbertConfig
     from bertforge.tasks.colbert import build
 
     grads, values, start = [], [], None

@@ -128,7 +128,7 @@ def test_training_steps_match_the_torch_trainer(tmp_path):
 
     from bertforge.jax.train import make_optimizer, train_step
     from bertforge.training.optim import warmup_linear, warmup_steps_for
-    from bertforge.runconfig import TrainConfig
+    from bertforge.settings import TrainConfig
     from bertforge.training.trainer import Trainer
 
     config = BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

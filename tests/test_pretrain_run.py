@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import bertforge
 from bertforge import BertConfig, BertForMaskedLM, BertForPreTraining, Tokenizer
 from bertforge.errors import ConfigError
-from bertforge.runconfig import TrainConfig
+from bertforge.settings import TrainConfig
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
 from bertforge.tasks.pretraining import PretrainingTask
 

@@ -61,7 +61,7 @@ def _copy_beir(root: Path, to: Path) -> Path:
 
 # ------------------------------------------------------------------ 1. a directory's own settings are kept
 def test_a_sentence_transformers_directorys_prompts_and_similarity_are_kept(tmp_path, root, capsys):
-    from bertforge.runconfig import EmbedConfig
+    from bertforge.settings import EmbedConfig
     from bertforge.tasks.embedding import build
     from bertforge.tokenization.kinds import load_tokenizer
 

@@ -5,6 +5,7 @@ at another length than the same run unseeded)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -68,8 +69,21 @@ def _same(a: Path, b: Path) -> None:
 
 @pytest.mark.parametrize("task", TASKS)
 def test_seeds_equal_single_runs_and_run_config_reads_back(tmp_path, checkpoints, labelled, retrieval_dirs, task,
-                                                          capsys):
+                                                          capsys, monkeypatch):
     args = _args(task, checkpoints, labelled, retrieval_dirs)
+    # Every build of a run (each seed's, each single run's) leaves the settings as they were checked, and the task it
+    # builds carries the length it worked out.
+    from bertforge.training import finetune
+
+    built, real = [], finetune.build
+
+    def build(cfg, *rest, **kw):
+        before = dataclasses.asdict(cfg)
+        model, task_object = real(cfg, *rest, **kw)
+        built.append((before == dataclasses.asdict(cfg), cfg.seq_len, task_object.seq_len))
+        return model, task_object
+
+    monkeypatch.setattr(finetune, "build", build)
     assert main([*args, "--seeds", "1,2", "--out", str(tmp_path / "seeds")]) == 0, capsys.readouterr().err
     assert main([*args, "--seed", "2", "--out", str(tmp_path / "single")]) == 0, capsys.readouterr().err
     _same(tmp_path / "seeds" / "seed-2", tmp_path / "single")
@@ -79,8 +93,9 @@ def test_seeds_equal_single_runs_and_run_config_reads_back(tmp_path, checkpoints
     again = json.loads((tmp_path / "again" / "run_config.json").read_text())
     assert {**saved, "out": None} == {**again, "out": None}
     _same(tmp_path / "single", tmp_path / "again")
-    if task in ("embed", "colbert", "sparse", "rerank"):  # a length left to the model is saved as left
-        assert saved["seq_len"] is None
+    assert saved["seq_len"] is None  # a length left to the task is saved as left
+    assert len(built) == 4 and all(same and given is None and isinstance(length, int) and length > 0
+                                   for same, given, length in built), built
     # Without --dev: the run trains and writes its final model, and says nothing was selected. The run above
     # evaluated only at its last step (2 steps, less than an epoch), so it selected that step: the same weights.
     bare = _without(args, "--dev", "--candidates")

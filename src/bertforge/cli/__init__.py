@@ -4,7 +4,7 @@ Why typer: its flags come from function signatures with the conventions users kn
 `hf`/`huggingface-cli` and most Python tools: `--dash-case` options, `--flag/--no-flag`
 booleans and positional lists anywhere on the line. jsonargparse would also give config files
 and docstring help, but it spells options `--snake_case` and booleans `--flag true`; bertforge
-reads Google-style docstrings (docstring_parser) and config files (`runconfig.read_config_file`)
+reads Google-style docstrings (docstring_parser) and config files (`settings.read_config_file`)
 itself, in a few lines.
 
 Errors: a `BertforgeError` (the user's mistake) or a bad flag becomes one line on stderr and exit

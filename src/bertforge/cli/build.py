@@ -40,7 +40,7 @@ def duration(value: Any) -> float:
     """Seconds, or a time such as 90s, 30m, 1.5h."""
     if isinstance(value, float):
         return value
-    from ..runconfig import parse_duration
+    from ..settings import parse_duration
 
     try:
         return parse_duration(value)
@@ -101,12 +101,13 @@ def _parameter(name: str, annotation: Any, default: Any, help_text: str, positio
 
 def settings_parameters(cls: type, skip: frozenset[str] = frozenset()) -> list[inspect.Parameter]:
     """Options for the user-facing fields of a run-config dataclass, with the field's own help."""
-    from ..runconfig import cli_fields
+    from ..settings import cli_fields
 
     hints = typing.get_type_hints(cls)
     params = []
-    # The run's own settings first, then the loop's, evaluation, output, and data groups.
-    owners = {f.name: next(k for k in cls.__mro__ if f.name in getattr(k, "__annotations__", {}))
+    # Grouped by the group that introduces each field (not a command that only changes its default or help): the
+    # command's own settings first, then its groups', then the loop's, evaluation and output.
+    owners = {f.name: [k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {})][-1]
               for f in cli_fields(cls)}
     for f in sorted(cli_fields(cls), key=lambda f: cls.__mro__.index(owners[f.name])):
         if f.name in skip:
@@ -131,7 +132,7 @@ def settings_from(cls: type, values: dict[str, Any], config: str | None, ctx: ty
     Flags the user typed win over the file; the file wins over defaults; `fixed` (positional
     arguments such as the task) wins over both.
     """
-    from ..runconfig import read_config_file
+    from ..settings import read_config_file
 
     typed = given_on_command_line(ctx, list(values)) if config and ctx is not None else set(values)
     chosen = {k: v for k, v in values.items() if k in typed and v is not None}  # None: the field's own default

@@ -21,7 +21,7 @@ from ..heartbeat import phase
 from ..inference.predict import TASKS as PREDICT_TASKS
 from ..jsonfile import dumps
 from ..safefiles import check_output_file
-from ..runconfig import DistillConfig, DistillMLMConfig, PretrainConfig
+from ..settings import DistillConfig, DistillMLMConfig, PretrainConfig
 from ..tasks import TASKS
 from .build import command, settings_from
 

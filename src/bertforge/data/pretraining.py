@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..constants import IGNORE_INDEX
-from ..runconfig import MaskingSettings as MaskingConfig  # noqa: F401  (the collator reads these settings)
+from ..settings import MaskingSettings as MaskingConfig  # noqa: F401  (the collator reads these settings)
 from ..tokenization.base import Tokenizer
 from .batching import collate
 from .shards import TokenShards

@@ -30,7 +30,7 @@ from safetensors.numpy import load_file, save_file
 
 from ..constants import IGNORE_INDEX
 from ..errors import BertforgeError, CheckpointError
-from ..runconfig import TrainConfig
+from ..settings import TrainConfig
 from ..training.checkpoint import read_trainer_state
 from ..training.trainer import Trainer, _Window
 from . import devices

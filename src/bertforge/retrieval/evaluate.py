@@ -133,7 +133,7 @@ def encode_set(model_dir: str, data: RetrievalSet, batch_size: int = 64, seq_len
     tokenizer = load_tokenizer(model_dir)
     sentence = sentence_pipeline(model_dir, backbone.config.hidden_size)
     if seq_len is not None:  # asked for: it replaces the directory's max_seq_length, within the model's positions
-        from ..runconfig import check_seq_len
+        from ..settings import check_seq_len
 
         check_seq_len(seq_len, backbone.config)
         sentence.max_length = seq_len
@@ -158,7 +158,7 @@ def _encode_sparse(model_dir: str, data: RetrievalSet, batch_size: int, seq_len:
 
     sparse = SparseModel.load(model_dir)
     if seq_len is not None:
-        from ..runconfig import check_seq_len
+        from ..settings import check_seq_len
 
         check_seq_len(seq_len, sparse.model.config)
     spec = sparse.spec

@@ -18,7 +18,7 @@ from ..inference.loop import device_of, run_sorted
 from ..interop.hf import family_of, load_pretrained, read_config, save_pretrained
 from ..models.config import BertConfig
 from ..models.registry import HEADS
-from ..runconfig import FinetuneConfig
+from ..settings import FinetuneConfig, run_length
 from ..tokenization.base import Tokenizer
 from ..training.model_card import Card, write_model_card
 
@@ -29,6 +29,7 @@ class Task:
 
     main_metric = "loss"  # the evaluation figure that selects the model
     greater_is_better = True
+    seq_len: int | None = None  # the run's length in tokens, worked out once by the task's build (`length`)
 
     def save(self, model: torch.nn.Module, out: Path, tokenizer: Tokenizer) -> None:
         """Write the trained model to `out`: by default the Hugging Face layout with its tokenizer."""
@@ -41,6 +42,14 @@ class Task:
         """`evaluate --predictions`: the model's predictions on the dev data, one JSON object each (a list), or one
         object for the whole file (a dict: SQuAD's question id -> answer)."""
         raise NotImplementedError(f"{type(self).__name__} writes no predictions")
+
+
+def length(cfg: Any, config: Any, default: int | None = None) -> int:
+    """The run's length for a task's model (`config`): --seq-len as given, honoured or refused, else `default` (the
+    task's table row's when None) cut to the model's positions. The settings are left as the user gave them."""
+    from .table import task_spec
+
+    return run_length(cfg.seq_len, default or task_spec(cfg.task).seq_len, config)
 
 
 class CardTask(Task):

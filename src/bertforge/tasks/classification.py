@@ -7,9 +7,9 @@ from ..data.classification import Columns, check_labels, label_set, read_example
 from ..errors import InputError
 from ..metrics import classification_metrics, regression_metrics
 from ..models.heads import BertForSequenceClassification
-from ..runconfig import FinetuneConfig
+from ..settings import FinetuneConfig
 from ..tokenization.base import Tokenizer
-from .base import FeatureTask, new_model
+from .base import FeatureTask, length, new_model
 
 
 class ClassificationTask(FeatureTask):
@@ -85,11 +85,14 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
         def targets(examples, path):
             return [label2id[str(e.label)] for e in examples]
 
-    def make(examples, path):
-        return classification_features(examples, tokenizer, cfg.seq_len, cfg.truncation, targets(examples, path))
+    seq_len = length(cfg, model.config)
 
-    pack_to = cfg.seq_len if cfg.pack else None
+    def make(examples, path):
+        return classification_features(examples, tokenizer, seq_len, cfg.truncation, targets(examples, path))
+
+    pack_to = seq_len if cfg.pack else None
     task = ClassificationTask(make(train, train_path) if train else [], make(dev, dev_path) if dev else [],
                               cfg.batch_size, cfg.seed,
                               tokenizer.pad_token_id, pack_to, id2label=id2label, regression=cfg.task == "regress")
+    task.seq_len = seq_len
     return model, task

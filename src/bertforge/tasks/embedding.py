@@ -29,7 +29,7 @@ from ..tokenization.base import Tokenizer
 from ..training.distributed import world_size
 from ..training.gradcache import cached
 from ..training.model_card import Card
-from .base import CardTask
+from .base import CardTask, length
 
 log = logging.getLogger("bertforge")
 
@@ -303,11 +303,10 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
         model = sentence_encoder(backbone, sentence, cfg.model, cfg.pooling, True if cfg.normalize else None)
     else:
         sentence = read_sentence_dir(cfg.model)
-    if not cfg.seq_len_given:  # a sentence-transformers directory's own max_seq_length, as it trains by default
-        # sentence-transformers 6 keeps it as the tokenizer's model_max_length; older versions in sentence_bert_config.
-        own = sentence and (sentence.max_length or min(tokenizer.model_max_length, 1 << 30))
-        if own:
-            cfg.seq_len = min(own, model.config.max_sequence_length)
+    # Without --seq-len, a sentence-transformers directory trains at its own max_seq_length (sentence-transformers 6
+    # keeps it as the tokenizer's model_max_length; older versions in sentence_bert_config).
+    own = sentence and (sentence.max_length or min(tokenizer.model_max_length, 1 << 30))
+    seq_len = length(cfg, model.config, own or None)
     # Every setting the directory carries is kept unless a flag changes it: its prompts (and default), similarity
     # and lower-casing, as its pooling, Dense layers and normalisation are by `load_sentence_encoder`.
     prompts = resolve_prompts(cfg.query_prompt, cfg.document_prompt, sentence.prompts if sentence else {},
@@ -331,7 +330,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Sent
         raise InputError(f"--matryoshka-dims {cfg.matryoshka_dims}: {dims[0]} is more than the model's "
                          f"{model.dimension} dimensions")
     task = EmbeddingTask(data, read_dev_set(dev_path, cfg.dev_split),
-                         tokenizer.lowercased() if lowercase else tokenizer, cfg.seq_len, cfg.batch_size,
+                         tokenizer.lowercased() if lowercase else tokenizer, seq_len, cfg.batch_size,
                          cfg.seed, loss, cfg.scale, similarity, prompts, mini_batch_size=cfg.mini_batch_size, dims=dims,
                          lowercase=lowercase)
     return model, task

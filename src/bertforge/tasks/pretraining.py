@@ -26,7 +26,7 @@ from ..models.electra import (
     ElectraReplacedTokenDetection,
 )
 from ..models.registry import family
-from ..runconfig import PretrainConfig, check_seq_len
+from ..settings import PretrainConfig, check_seq_len
 from ..tokenization.base import Tokenizer
 
 

@@ -7,9 +7,9 @@ from ..data.qa import best_answers, qa_features, read_squad
 from ..errors import BertforgeError
 from ..metrics import squad_metrics
 from ..models.heads import BertForQuestionAnswering
-from ..runconfig import FinetuneConfig
+from ..settings import FinetuneConfig
 from ..tokenization.base import Tokenizer
-from .base import FeatureTask, new_model
+from .base import FeatureTask, length, new_model
 
 
 class QuestionAnsweringTask(FeatureTask):
@@ -66,9 +66,11 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
     dev, raw = read_squad(dev_path) if dev_path else ([], {"data": []})  # no --dev: nothing is evaluated
     if model is None:
         model = new_model(cfg, BertForQuestionAnswering, None, tokenizer)
-    train_features = qa_features(train, tokenizer, cfg.seq_len, cfg.doc_stride, training=True) if train else []
-    task = QuestionAnsweringTask(train_features, qa_features(dev, tokenizer, cfg.seq_len, cfg.doc_stride) if dev else [],
+    seq_len = length(cfg, model.config)
+    train_features = qa_features(train, tokenizer, seq_len, cfg.doc_stride, training=True) if train else []
+    task = QuestionAnsweringTask(train_features, qa_features(dev, tokenizer, seq_len, cfg.doc_stride) if dev else [],
                                  cfg.batch_size, cfg.seed, tokenizer.pad_token_id, examples=dev, raw=raw["data"],
                                  n_best=cfg.n_best, max_answer_len=cfg.max_answer_len,
                                  null_threshold=cfg.null_threshold, tune_null_threshold=cfg.tune_null_threshold)
+    task.seq_len = seq_len
     return model, task

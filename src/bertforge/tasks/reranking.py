@@ -24,7 +24,7 @@ from ..retrieval.rerank import rerank_run
 from ..tokenization.base import Tokenizer
 from ..training.distributed import world_size
 from ..training.model_card import Card
-from .base import CardTask
+from .base import CardTask, length
 from .embedding import global_batches, rank_rows
 
 def rerank_loss_name(name: str | None, data: TupleData) -> str:
@@ -163,7 +163,8 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model=None)
     if dev is not None and not cfg.candidates:
         raise InputError("--candidates is required: the first stage's ranking of the --dev queries (a TREC run "
                          "file, e.g. from bertforge evaluate retrieval --run)")
-    task = RerankTask(data, dev, candidates_for(dev, cfg.candidates) if dev is not None else {}, tokenizer, cfg.seq_len, cfg.batch_size, cfg.seed, loss,
+    task = RerankTask(data, dev, candidates_for(dev, cfg.candidates) if dev is not None else {}, tokenizer,
+                      length(cfg, model.config), cfg.batch_size, cfg.seed, loss,
                       cfg.num_negatives, cfg.scale if cfg.scale is not None else row.scale, cfg.pos_weight, cfg.rerank_top_k)
     return model, task
 

@@ -28,6 +28,7 @@ from ..retrieval.sparse_index import InvertedIndex
 from ..tokenization.base import Tokenizer
 from ..training.model_card import Card
 from ..training.distributed import gather, world_size
+from .base import length
 from .embedding import EmbeddingTask, resolve_prompts
 
 
@@ -143,7 +144,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Spla
     """(SPLADE encoder, task) for `finetune sparse` (`cfg`: a `SparseConfig`)."""
     from ..errors import ConfigError
     from ..interop.sparse_dir import is_sparse_dir, load_splade, read_sparse_dir
-    from ..runconfig import flag
+    from ..settings import flag
     from ..tokenization.kinds import load_tokenizer
 
     data = read_tuples(train_path, cfg.train_split)
@@ -167,7 +168,7 @@ def build(cfg, tokenizer: Tokenizer, train_path: str, dev_path: str, model: Spla
     elif cfg.query_lr is not None:
         raise ConfigError(f"{flag('query_lr')} is the rate of an inference-free model's query weights; add "
                           f"{flag('inference_free')}")
-    task = SparseTask(data, read_dev_set(dev_path, cfg.dev_split), tokenizer, cfg.seq_len, cfg.batch_size,
+    task = SparseTask(data, read_dev_set(dev_path, cfg.dev_split), tokenizer, length(cfg, model.config), cfg.batch_size,
                       cfg.seed, row.name, cfg.scale, row.similarity, prompts,
                       mini_batch_size=cfg.mini_batch_size, query_weight=cfg.query_regularizer_weight,
                       document_weight=cfg.document_regularizer_weight, static_queries=model.inference_free,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..runconfig import ColbertConfig, EmbedConfig, FinetuneConfig, RerankConfig, SparseConfig
+from ..settings import ColbertConfig, EmbedConfig, FinetuneConfig, RerankConfig, SparseConfig
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class TaskSpec:
     evaluate: str | None = None  # `evaluate NAME --help`, for a task scored on a labelled file
     card: bool = False  # its output carries a README.md model card (sentence-transformers' and PyLate's habit)
     evaluate_seq_len: int = 512  # `evaluate NAME`'s --seq-len default (cut to the model's positions)
+    seq_len: int = 128  # `finetune NAME`'s --seq-len default (cut to the model's positions; `run_length`)
+    jax: bool = False  # `--backend jax` fine-tunes it (the JAX engine has the sequence-classification head only)
 
     def build(self, cfg: Any, tokenizer: Any, train: str, dev: str, model: Any = None) -> tuple[Any, Any]:
         """(model, task) for a run of this task; a given `model` is evaluated as it is."""
@@ -62,7 +64,7 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     training file with the teacher's soft targets mixed with the gold labels (--alpha, at
     --temperature), on fine-tuning's loop: evaluation every epoch, the best model kept, exact
     resume. Reports the student's and the teacher's dev scores, sizes and speeds.""",
-             evaluate="Score a fine-tuned classifier on a labelled file (accuracy, F1, MCC)."),
+             evaluate="Score a fine-tuned classifier on a labelled file (accuracy, F1, MCC).", jax=True),
     TaskSpec("regress", "classification", FinetuneConfig,
              "Fine-tune a regressor of one score per text or pair (Pearson selects the model).",
              distill="Distil a fine-tuned regressor into a smaller student (mean-squared error to the teacher and "
@@ -78,7 +80,7 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
              distill="Distil a fine-tuned question-answering model into a smaller student (the teacher's start "
                      "and end distributions over each window).",
              evaluate="Score a fine-tuned question-answering model on a SQuAD-format file (EM, F1).",
-             evaluate_seq_len=384),
+             evaluate_seq_len=384, seq_len=384),  # SQuAD's usual window
     TaskSpec("embed", "embedding", EmbedConfig,
              """Fine-tune an embedder (a bi-encoder) for retrieval or similarity.
 
@@ -87,7 +89,7 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     with in-batch negatives, (text1, text2, score) with CoSENT; no batch holds one text twice.
     Retrieval on the --dev BEIR folder (nDCG@10) selects the model, written as a
     sentence-transformers directory with its prompts.""",
-             card=True),
+             card=True, seq_len=256),  # sentence-transformers' max_seq_length of MiniLM-style models
     TaskSpec("rerank", "reranking", RerankConfig,
              """Fine-tune a reranker (a cross-encoder: one relevance logit per (query, passage) pair).
 
@@ -96,7 +98,7 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     MultipleNegativesRankingLoss over their own and in-batch negatives. Reranking the --candidates
     run of the --dev queries (nDCG@10) selects the model, which sentence-transformers' CrossEncoder
     loads and `serve` answers /rerank with.""",
-             card=True),
+             card=True, seq_len=256),
     SparseSpec("sparse", "sparse", SparseConfig,
                """Fine-tune a SPLADE sparse encoder (one weight per vocabulary word) for retrieval.
 
@@ -105,7 +107,7 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     are wrapped in SpladeLoss's FLOPS regularisers (query and document weights, warmed up over
     the first third of the steps). Retrieval on the --dev BEIR folder through an exact inverted
     index (nDCG@10) selects the model, written as a SparseEncoder directory.""",
-               card=True),
+               card=True, seq_len=256),
     TaskSpec("colbert", "colbert", ColbertConfig,
              """Fine-tune a ColBERT late-interaction model (one small vector per token, scored by MaxSim).
 
@@ -118,6 +120,13 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
              card=True),
 )}
 LABELLED = tuple(name for name, spec in TASKS.items() if spec.evaluate)  # scored on a labelled file
+
+
+def check_backend(cfg: Any) -> None:
+    """Refuse `--backend jax` for a task the JAX engine does not fine-tune (its row says)."""
+    if cfg.backend == "jax" and not task_spec(cfg.task).jax:
+        raise ConfigError(f"backend (--backend) jax fine-tunes {', '.join(n for n, s in TASKS.items() if s.jax)} only, "
+                          f"not {cfg.task}")
 
 
 def task_spec(name: str) -> TaskSpec:

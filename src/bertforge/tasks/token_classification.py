@@ -7,9 +7,9 @@ from ..data.ner import align_labels, read_sentences
 from ..errors import InputError
 from ..metrics import entity_metrics
 from ..models.heads import IGNORE_INDEX, BertForTokenClassification
-from ..runconfig import FinetuneConfig
+from ..settings import FinetuneConfig
 from ..tokenization.base import Tokenizer
-from .base import FeatureTask, new_model
+from .base import FeatureTask, length, new_model
 
 
 class TokenClassificationTask(FeatureTask):
@@ -73,11 +73,13 @@ def build(cfg: FinetuneConfig, tokenizer: Tokenizer, train_path: str, dev_path: 
             unknown = [t for t in s.tags if t not in label2id]
             if unknown:
                 raise InputError(f"{path}:{s.line}: tag '{unknown[0]}' has an entity type not seen in training")
-    pack_to = cfg.seq_len if cfg.pack else None
+    seq_len = length(cfg, model.config)
+    pack_to = seq_len if cfg.pack else None
 
     def make(sentences):
-        return ner_features(sentences, tokenizer, cfg.seq_len, label2id)
+        return ner_features(sentences, tokenizer, seq_len, label2id)
 
     task = TokenClassificationTask(make(train) if train else [], make(dev) if dev else [], cfg.batch_size, cfg.seed,
                                    tokenizer.pad_token_id, pack_to, id2label=dict(enumerate(labels)))
+    task.seq_len = seq_len
     return model, task

@@ -46,7 +46,7 @@ from ..jsonfile import dumps
 from ..safefiles import write_text
 from ..models.distillation import cut_down, student_layers
 from ..models.registry import TASK_ARCHITECTURES
-from ..runconfig import DistillConfig, fit_seq_len
+from ..settings import DistillConfig, check_seq_len
 from ..tokenization.kinds import load_tokenizer
 from .finetune import build, run_seeds, train_and_export
 
@@ -225,5 +225,6 @@ def run_distill(cfg: DistillConfig, as_json: bool = True) -> dict[str, Any]:
     if not Path(cfg.teacher).is_dir():
         raise BertforgeError(f"--teacher {cfg.teacher}: no such checkpoint directory")
     teacher = load_for_task(cfg.task, cfg.teacher, TASK_ARCHITECTURES[cfg.task])  # the wrong head: before --out
-    fit_seq_len(cfg, read_config(cfg.model) if cfg.model and Path(cfg.model).is_dir() else teacher.config)
+    if cfg.seq_len is not None:  # refused before --out is touched; the task works out a length left to it
+        check_seq_len(cfg.seq_len, read_config(cfg.model) if cfg.model and Path(cfg.model).is_dir() else teacher.config)
     return run_seeds(cfg, _run_one, as_json, "distillation")

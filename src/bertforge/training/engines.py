@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..runconfig import TrainConfig
+from ..settings import TrainConfig
 from .trainer import Task, Trainer
 
 

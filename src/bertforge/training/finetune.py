@@ -27,8 +27,9 @@ from ..jsonfile import dumps
 from ..models.config import BertConfig
 from ..models.registry import TASK_ARCHITECTURES
 from ..safefiles import write_text
-from ..runconfig import FinetuneConfig, TrainConfig, check_seq_len, fit_seq_len
+from ..settings import FinetuneConfig, TrainConfig, check_seq_len
 from ..tasks import task_spec
+from ..tasks.table import check_backend
 from ..tokenization.kinds import load_tokenizer
 from ..tokenization.base import Tokenizer
 from . import distributed as dist
@@ -67,9 +68,11 @@ def _load_tokenizer(cfg: FinetuneConfig, config: Any) -> Tokenizer:
 
 
 def _checked(cfg: FinetuneConfig) -> Tokenizer:
-    """Fit the run's length to its model (`fit_seq_len`) and load its checked tokenizer."""
+    """Refuse a --seq-len the model cannot hold (the task works out a length left to it when it builds) and load
+    the run's checked tokenizer."""
     config = _model_config(cfg)
-    fit_seq_len(cfg, config)
+    if cfg.seq_len is not None:
+        check_seq_len(cfg.seq_len, config)
     return _load_tokenizer(cfg, config)
 
 
@@ -131,9 +134,9 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
     # Evaluate every epoch unless --eval-every says otherwise; keep the best model by the task's metric.
     train_cfg = TrainConfig.of(cfg, out=str(out), eval_each_epoch=not cfg.eval_every and bool(cfg.dev),
                                select_metric=task.main_metric, greater_is_better=task.greater_is_better)
-    run_info = {"task": cfg.task, "model": cfg.model, "train": cfg.train, "seq_len": cfg.seq_len, "lr": cfg.lr,
+    run_info = {"task": cfg.task, "model": cfg.model, "train": cfg.train, "seq_len": task.seq_len, "lr": cfg.lr,
                 "batch_size": cfg.batch_size, "seed": cfg.seed}
-    trainer = make_trainer(model, task, train_cfg, run_info, cfg.seq_len, tokenizer.pad_token_id)
+    trainer = make_trainer(model, task, train_cfg, run_info, task.seq_len, tokenizer.pad_token_id)
     summary = trainer.fit(resume=cfg.resume and (out / "checkpoints").is_dir())
     trainer.restore_best()  # export the selected model, not the last one
     dist.barrier()  # every rank is past its last checkpoint before rank 0 removes them
@@ -163,7 +166,7 @@ def run_finetune(cfg: FinetuneConfig, as_json: bool = True) -> dict[str, Any]:
 
     The result is printed at the end: one JSON object with `as_json`, else a readable block.
     """
-    task_spec(cfg.task)  # a task the table lacks is refused by name
+    check_backend(cfg)  # a task the table lacks, or one --backend jax does not train, is refused by name
     tokenizer = _checked(cfg)  # a missing model or tokenizer is refused before --out is touched
     dist.init()  # under torchrun: one run, its processes splitting each global batch
     try:
@@ -187,9 +190,7 @@ def run_seeds(cfg: FinetuneConfig, run_one: Callable[[Any, Path], dict[str, Any]
     seeds = [int(s) for s in cfg.seeds.split(",") if s.strip()]
     runs = []
     for seed in seeds:
-        # The settings as the user gave them, with this seed: a length left to the model is left to it again (a
-        # copy that kept the filled-in default would call it given, and ColBERT refuses --seq-len).
-        one = replace(cfg, seed=seed, seeds=None, **({} if getattr(cfg, "seq_len_given", True) else {"seq_len": None}))
+        one = replace(cfg, seed=seed, seeds=None)  # the settings as the user gave them, with this seed
         runs.append(run_one(one, out / f"seed-{seed}"))
         if dist.is_main():  # in a torchrun job, rank 0 reports
             report({"seed": seed, **runs[-1]}, as_json, title=f"seed {seed}: the model is in {out / f'seed-{seed}'}/")

@@ -34,7 +34,7 @@ from ..interop.hf import family_of, save_pretrained
 from ..jsonfile import dumps
 from ..safefiles import write_text
 from ..models.registry import family
-from ..runconfig import PretrainConfig, TrainConfig
+from ..settings import PretrainConfig, TrainConfig
 from ..tasks.pretraining import build, check_model
 from ..tokenization.kinds import load_tokenizer, train_tokenizer
 from ..tokenization.base import Tokenizer

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import BertforgeError
 from ..lockfile import LOCK_NAME, check_not_in_use, lock_directory
-from ..runconfig import saved_settings
+from ..settings import saved_settings
 from ..safefiles import write_text
 from . import distributed as dist
 
