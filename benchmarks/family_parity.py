@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-import transformers
 
 import bertforge
 
@@ -34,6 +33,8 @@ def main() -> None:
                             epilog=f"reads {DATA / 'wikitext-2-raw/wiki.valid.raw'} and {DATA / 'glue/SST-2/dev.tsv'}"
                             ).parse_args()
     wiki, sst = texts()
+    import transformers  # after the data is found: --help and a refusal need not wait ~9 s for it
+
     rows, tokenizers = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

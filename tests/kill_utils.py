@@ -37,18 +37,33 @@ def kill_after_checkpoint(args: list[str], checkpoints: Path, pattern: str, seed
 
 def whole_and_resumed(args_for, tmp_path: Path, seed: int, max_delay: float = 0.3, **env_vars: str) -> tuple[Path, Path]:
     """Run `bertforge *args_for(out)` once uninterrupted (into tmp_path/whole), and once killed after a checkpoint
-    (`step-*`) then resumed with --resume (tmp_path/killed); both with `env_vars`. Returns the two output folders."""
-    env = dict(os.environ, **env_vars)
-    whole = subprocess.run([sys.executable, "-m", "bertforge", *args_for(tmp_path / "whole")], capture_output=True,
-                           text=True, env=env)
+    (`step-*`) then resumed with --resume (tmp_path/killed); all three with `env_vars`. Returns the two output
+    folders. Only the killed run needs a process of its own: the other two run in the test's (`cli`), at the thread
+    count OMP_NUM_THREADS names, unless another variable asks for a fresh process."""
+    whole = _run(args_for(tmp_path / "whole"), env_vars)
     assert whole.returncode == 0, whole.stderr
     out = tmp_path / "killed"
     kill_after_checkpoint(args_for(out), out / "checkpoints", "step-*", seed=seed, max_delay=max_delay, **env_vars)
-    resumed = subprocess.run([sys.executable, "-m", "bertforge", *args_for(out), "--resume"], capture_output=True,
-                             text=True, env=env)
+    resumed = _run([*args_for(out), "--resume"], env_vars)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming at step" in resumed.stderr
     return tmp_path / "whole", out
+
+
+def _run(args: list[str], env_vars: dict[str, str]) -> subprocess.CompletedProcess:
+    """`bertforge ARGS` as a process started with `env_vars` would run it."""
+    import torch
+
+    from cli_utils import cli
+
+    if set(env_vars) - {"OMP_NUM_THREADS"}:
+        return cli(*args, env=env_vars)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(env_vars.get("OMP_NUM_THREADS", threads)))
+    try:
+        return cli(*args)
+    finally:
+        torch.set_num_threads(threads)
 
 
 class Lines:

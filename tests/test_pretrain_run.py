@@ -225,8 +225,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path, corpus, tokenizer_dir, co
               "--batch-size", "4", "--lr", "2e-3", "--warmup", "1", "--max-steps", "3", "--log-every", "1", "--seed",
               "3", "--workers", "1"]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    single = subprocess.run([sys.executable, "-m", "bertforge", *command, *common, "--grad-accum", "2",
-                             "--out", str(tmp_path / "one")], capture_output=True, text=True, env=env, timeout=600)
+    single = cli(*command, *common, "--grad-accum", "2", "--out", str(tmp_path / "one"))  # the test's own process
     assert single.returncode == 0, single.stderr
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "bertforge", *command, *common, "--out", str(tmp_path / "two")],

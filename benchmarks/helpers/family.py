@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import torch
-import transformers
 
 import bertforge
 from bertforge.models.registry import family
@@ -122,6 +121,8 @@ def texts() -> tuple[list[str], list[str]]:
 def tokenizer_dir(kind: str, wiki: list[str], root: Path, model_type: str) -> Path:
     """A tokenizer of the family, trained here (WordPiece, byte-level BPE, or SentencePiece Unigram with XLM-R's or
     ALBERT's specials), saved by transformers."""
+    import transformers
+
     path = root / f"tok-{model_type}"
     if kind == "wordpiece":
         tok = bertforge.Tokenizer.train(texts=wiki, vocab_size=2000)
@@ -138,6 +139,8 @@ def tokenizer_dir(kind: str, wiki: list[str], root: Path, model_type: str) -> Pa
 
 
 def tokenizer_agreement(path: Path, sst: list[str]) -> dict[str, int]:
+    import transformers
+
     ours, theirs = bertforge.AutoTokenizer.from_pretrained(path), transformers.AutoTokenizer.from_pretrained(path)
     same = 0
     cases = [(s, None) for s in sst] + list(zip(sst, sst[1:] + sst[:1]))
@@ -189,6 +192,8 @@ NAMES = {"deberta-v2": "DeBERTa-v3-base", "modernbert": "ModernBERT-base"}
 
 def build(arch: str, root: Path, wiki: list[str]) -> Path:
     """The random base-shaped model and its tokenizer, saved by transformers in root/m."""
+    import transformers
+
     prefix, kind, shape = BASE_SHAPES[arch]
     tok_dir = tokenizer_dir(kind, wiki, root, arch)
     tok = bertforge.AutoTokenizer.from_pretrained(tok_dir)
