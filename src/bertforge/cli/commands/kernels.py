@@ -12,6 +12,7 @@ from ..build import command
 from .apps import kernels_app, show
 
 
+@kernels_app.callback()
 def _kernels(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is None:  # `bertforge kernels` alone: the cache's state
         kernels_status(json=False)
