@@ -93,6 +93,10 @@ class Lines:
             time.sleep(0.05)
         return None
 
+    def find(self, pattern: str) -> tuple[float, str] | None:
+        """The first line so far that matches `pattern` (and the seconds since the start), or None."""
+        return next((item for item in list(self.lines) if re.search(pattern, item[1])), None)
+
     def finish(self, timeout: float) -> int:
         code = self.proc.wait(timeout)
         self.reader.join(10)

@@ -135,7 +135,12 @@ def test_a_killed_build_is_taken_over_at_once_and_two_installs_build_once(tmp_pa
     # Two installs (two source trees) start together: one takes the lock over at once, saying from whom; the
     # other waits for it, saying for whom, and then loads the same build.
     runs = [start(tree) for tree in trees]
-    took_over = [r.wait_for(rf"taking over .* from pid {first.proc.pid}", 60) for r in runs]
+    # One of the two takes over (the other waits for it, so waiting on both in turn would sit out the second's
+    # whole timeout).
+    pattern, deadline = rf"taking over .* from pid {first.proc.pid}", time.monotonic() + 60
+    while not any(r.find(pattern) for r in runs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    took_over = [r.find(pattern) for r in runs]
     assert any(took_over), "\n---\n".join(r.text() for r in runs)
     builder = runs[0] if took_over[0] else runs[1]
     waiter = runs[1] if builder is runs[0] else runs[0]
