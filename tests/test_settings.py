@@ -82,3 +82,23 @@ def test_settings_import_no_torch():
     code = "import sys, bertforge.settings; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("task, flag, value", [
+    ("embed", "doc_stride", 64), ("classify", "n_best", 5), ("ner", "text_column", "x"), ("qa", "truncation", "tail"),
+    ("rerank", "tune_null_threshold", True), ("colbert", "label_column", "y")])
+def test_a_setting_the_task_does_not_read_is_refused_not_ignored(task, flag, value):
+    from bertforge.tasks import task_spec
+
+    with pytest.raises(ConfigError, match=rf"{flag} \(--{flag.replace('_', '-')}\): {task} does not read it"):
+        task_spec(task).settings(task=task, model="m", train="t", dev="d", **{flag: value})
+    assert task_spec("qa").settings(task="qa", model="m", train="t", doc_stride=64).doc_stride == 64
+    assert task_spec("classify").settings(task="classify", model="m", train="t", text_column="x").text_column == "x"
+
+
+def test_regress_distillation_refuses_a_temperature():
+    from bertforge.settings import DistillConfig
+
+    with pytest.raises(ConfigError, match="regress distils by mean-squared error"):
+        DistillConfig(task="regress", teacher="t", train="a", dev="b", temperature=4.0)
+    assert DistillConfig(task="classify", teacher="t", train="a", dev="b", temperature=4.0).temperature == 4.0

@@ -4,11 +4,11 @@ length (`run_length`), which a task works out once from what the user gave."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import ConfigError
-from .fields import defaults, flag, setting
+from .fields import Settings, defaults, flag, setting
 from .loop import TrainConfig
 
 
@@ -30,9 +30,50 @@ def check_seq_len(seq_len: int, config: Any) -> None:
                           f"max_position_embeddings ({config.max_position_embeddings}) leaves")
 
 
+def refuse_unread(cfg: Any, group: type, reads: tuple[str, ...], what: str) -> None:
+    """Refuse a setting of `group` (a value other than its default) for a task that does not read it: every field
+    a run takes is honoured or refused, never ignored."""
+    if cfg.task in reads:
+        return
+    for f in fields(group):
+        if getattr(cfg, f.name) != f.default:
+            raise ConfigError(f"{flag(f.name)}: {cfg.task} does not read it ({what})")
+
+
+@dataclass
+class ColumnSettings(Settings):
+    """How classify and regress read a TSV/CSV/JSONL file's columns, and cut a long text."""
+
+    text_column: str | None = setting(None, "TSV/CSV/JSONL column of the text (name or 0-based index)")
+    pair_column: str | None = setting(None, "column of the second text, for sentence pairs")
+    label_column: str | None = setting(None, "column of the label")
+    truncation: str = setting("head", "long single texts keep their head, tail or head+tail")
+
+    def check(self) -> None:
+        refuse_unread(self, ColumnSettings, ("classify", "regress"),
+                      "classify and regress read columns by name; ner and qa read CoNLL, JSONL and SQuAD files, and "
+                      "the retrieval tasks read their rows by column shape")
+        if self.truncation not in ("head", "tail", "head+tail"):
+            raise ConfigError(f"{flag('truncation')} must be head, tail or head+tail")
+
+
+@dataclass
+class QASettings(Settings):
+    """Extractive question answering's windows and answers."""
+
+    doc_stride: int = setting(128, "qa: tokens of overlap between windows of a long context")
+    n_best: int = setting(20, "qa: start and end candidates per window")
+    max_answer_len: int = setting(30, "qa: longest answer, in tokens")
+    null_threshold: float | None = setting(None, "qa v2: answer '' when null score - best span score exceeds this")
+    tune_null_threshold: bool = setting(False, "qa v2: pick the threshold that maximises dev F1")
+
+    def check(self) -> None:
+        refuse_unread(self, QASettings, ("qa",), "a setting of qa")
+
+
 @dataclass
 @defaults(out="bertforge-finetune", epochs=3.0, lr=2e-5, warmup=0.1, save_every=None)
-class FinetuneConfig(TrainConfig):
+class FinetuneConfig(ColumnSettings, QASettings, TrainConfig):
     """Everything `bertforge finetune` takes."""
 
     task: str = setting("classify", "classify, regress, ner or qa", cli=False)  # the CLI's positional argument
@@ -44,16 +85,7 @@ class FinetuneConfig(TrainConfig):
     seq_len: int | None = setting(None, "maximum tokens per example (default: the task's, cut to the model's "
                                         "positions: 128; 384 for qa; 256 for embed, sparse and rerank, or a "
                                         "sentence-transformers directory's own)")
-    text_column: str | None = setting(None, "TSV/CSV/JSONL column of the text (name or 0-based index)")
-    pair_column: str | None = setting(None, "column of the second text, for sentence pairs")
-    label_column: str | None = setting(None, "column of the label")
-    truncation: str = setting("head", "long single texts keep their head, tail or head+tail")
     seeds: str | None = setting(None, "e.g. 1,2,3: one run per seed, reported as mean and std")
-    doc_stride: int = setting(128, "qa: tokens of overlap between windows of a long context")
-    n_best: int = setting(20, "qa: start and end candidates per window")
-    max_answer_len: int = setting(30, "qa: longest answer, in tokens")
-    null_threshold: float | None = setting(None, "qa v2: answer '' when null score - best span score exceeds this")
-    tune_null_threshold: bool = setting(False, "qa v2: pick the threshold that maximises dev F1")
 
     required = ("model", "train")  # the settings a run cannot go without
 
@@ -67,8 +99,6 @@ class FinetuneConfig(TrainConfig):
                     raise ConfigError(f"{flag(name)} evaluates on --dev; give --dev, or leave it out")
             if self.backend == "jax":
                 raise ConfigError(f"{flag('backend')} jax evaluates on --dev every epoch; give --dev")
-        if self.truncation not in ("head", "tail", "head+tail"):
-            raise ConfigError(f"{flag('truncation')} must be head, tail or head+tail")
         if self.seq_len is not None and self.seq_len < 8:
             raise ConfigError(f"{flag('seq_len')} must be at least 8")
         if self.seeds is not None:
@@ -103,6 +133,9 @@ class DistillConfig(FinetuneConfig):
         if self.model and self.student_layers:
             raise ConfigError(f"{flag('student_layers')} picks the teacher's layers for the student; with "
                               f"{flag('model')} the student is that model: give one of the two")
+        if self.task == "regress" and self.temperature != 2.0:  # its loss is a squared error, with no softmax
+            raise ConfigError(f"{flag('temperature')}: regress distils by mean-squared error to the teacher's "
+                              "scores, which has no temperature")
         if not self.temperature > 0 or not 0 <= self.alpha <= 1:
             raise ConfigError(f"{flag('temperature')} must be positive and {flag('alpha')} within [0, 1]")
         if not self.teacher_cache_mb >= 0:

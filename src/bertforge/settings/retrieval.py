@@ -26,10 +26,6 @@ class RetrievalData(Settings):
     scale: float | None = setting(None, "the scores' scale in the loss (default: the loss's own)")
 
     def check(self) -> None:
-        for name in ("text_column", "pair_column", "label_column"):
-            if getattr(self, name) is not None:
-                raise ConfigError(f"{flag(name)}: {self.task} reads its columns by shape (anchor, positive, "
-                                  "negatives...; a 'label' or 'score' column makes scored pairs)")
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
             raise ConfigError(f"{flag('scale')} must be a positive number")
         if self.pack:
