@@ -49,15 +49,20 @@ _session_dir("JAX_COMPILATION_CACHE_DIR", "bertforge-test-jax-")
 # a warm run then took 13 s instead of 10 (`pretrain --backend jax`, 40 steps, 2-core EPYC).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# The native kernels, built (or loaded) once before any test runs, so that no test that reads a command's stderr
-# meets a first compile's announcement and progress lines. Under pytest-xdist the controller builds and the
-# workers load; the tests of a first run (test_kernel_cache.py) use caches of their own.
-from bertforge import kernels  # noqa: E402
-
-kernels.library()
 # The tests that compare runs bit for bit add this to the torch runs they start: on a GPU, bitwise
 # repeatability needs deterministic kernels (training/determinism.py); CPU runs have it as they are.
 GPU_DETERMINISTIC = ["--deterministic"] if torch.cuda.is_available() else []
+# The native kernels, built (or loaded) once before any test runs, so that no test that reads a command's stderr
+# meets a first compile's announcement and progress lines. Under pytest-xdist the controller builds and the
+# workers load; the tests of a first run (test_kernel_cache.py) use caches of their own. Where this machine has no
+# build yet (a fresh CI machine), the build is README's first command, piped, which test_first_run.py then judges:
+# its compile (~165 CPU-s on 2 cores) happened twice a session before.
+from bertforge import kernels  # noqa: E402
+from first_run_utils import record_first_run_if_the_cache_is_empty  # noqa: E402
+
+_session_dir("BERTFORGE_TEST_FIRST_RUN_DIR", "bertforge-test-first-run-")
+record_first_run_if_the_cache_is_empty(Path(os.environ["BERTFORGE_TEST_FIRST_RUN_DIR"]))
+kernels.library()
 
 
 def shared(*parts: str) -> Path:
