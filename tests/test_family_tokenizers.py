@@ -214,20 +214,18 @@ SPECIALS = {"RobertaTokenizer": ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
                                        (["--arch", "albert"], "AlbertTokenizer"),
                                        (["--arch", "deberta-v2"], "DebertaV2Tokenizer")])
 def test_cli_trains_each_kind_reproducibly_and_transformers_reads_it(tmp_path, args, cls):
-    """Two separate processes give the same tokenizer.json, byte for byte; transformers reads it as its own class
-    and tokenizes as bertforge does."""
-    import subprocess
-    import sys
+    """Two separate processes (the test's own and a fresh one, each with its own hash seed) give the same
+    tokenizer.json, byte for byte; transformers reads it as its own class and tokenizes as bertforge does."""
+    from cli_utils import cli
 
     if cls != "RobertaTokenizer":
         pytest.importorskip("sentencepiece")
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(corpus()[:1500]) + "\n", encoding="utf-8")
     runs = []
-    for name in ("a", "b"):
-        result = subprocess.run([sys.executable, "-m", "bertforge", "tokenizer", "train", str(text), *args,
-                                 "--vocab-size", "500", "--out", str(tmp_path / name), "--json"],
-                                capture_output=True, text=True)
+    for name, fresh in (("a", False), ("b", True)):
+        result = cli("tokenizer", "train", str(text), *args, "--vocab-size", "500", "--out", str(tmp_path / name),
+                     "--json", fresh=fresh)
         assert result.returncode == 0, result.stderr
         runs.append((tmp_path / name / "tokenizer.json").read_bytes())
     assert runs[0] == runs[1]  # the same files give the same vocabulary, byte for byte
@@ -240,16 +238,14 @@ def test_cli_trains_each_kind_reproducibly_and_transformers_reads_it(tmp_path, a
 
 
 def test_cli_refuses_settings_the_kind_does_not_have(tmp_path):
-    import subprocess
-    import sys
+    from cli_utils import cli
 
     text = tmp_path / "corpus.txt"
     text.write_text("a few words\n", encoding="utf-8")
     for args, words in ((["--kind", "unigram", "--min-frequency", "3"], "--min-frequency is a WordPiece and BPE setting"),
                         (["--kind", "bpe", "--arch", "albert"], "--kind bpe: --arch albert reads a unigram vocabulary"),
                         (["--arch", "gpt2"], "model_type 'gpt2' is not an architecture")):
-        result = subprocess.run([sys.executable, "-m", "bertforge", "tokenizer", "train", str(text), *args,
-                                 "--out", str(tmp_path / "u")], capture_output=True, text=True)
+        result = cli("tokenizer", "train", str(text), *args, "--out", str(tmp_path / "u"))
         assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
         assert not (tmp_path / "u").exists()
 
