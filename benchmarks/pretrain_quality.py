@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
-from bertforge.training.trainer import parse_duration
+from bertforge.settings import parse_duration
 
 from .common import RESULTS, machine, save, wikitext_articles
 

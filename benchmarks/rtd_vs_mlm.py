@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bertforge.training.finetune import FinetuneConfig, run_finetune
 from bertforge.training.pretrain import PretrainConfig, run_pretrain
-from bertforge.training.trainer import parse_duration
+from bertforge.settings import parse_duration
 
 from .common import DATA, RESULTS, machine, need, save, sst2_train_rows, wikitext_corpus
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from ..models.base import PreTrainedModel
 from ..tokenization.kinds import load_tokenizer
 from ..tokenization.base import Tokenizer
-from .hf import family_of, load_pretrained, read_config
+from .hf import family_of, read_config
 
 
 class AutoConfig:

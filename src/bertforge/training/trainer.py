@@ -34,7 +34,7 @@ from .. import invocation, kernels
 from ..errors import BertforgeError, NothingToDo, Stopped
 from ..heartbeat import phase
 from ..jsonfile import dumps
-from ..settings import TrainConfig, parse_duration  # noqa: F401  (re-exported)
+from ..settings import TrainConfig
 from . import distributed as dist
 from .checkpoint import (
     latest_checkpoint,
