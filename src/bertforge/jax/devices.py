@@ -20,15 +20,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..errors import BertforgeError
 
 
+def check_batch_split(batch_size: int) -> None:
+    """Refuse a per-process batch that does not split evenly over the JAX devices."""
+    count = jax.device_count()
+    if batch_size % count:
+        raise BertforgeError(f"batch_size (--batch-size) {batch_size} does not split over {count} JAX "
+                             "devices; use a multiple of the device count")
+
+
 def data_mesh(batch_size: int) -> Mesh | None:
     """A 1-D mesh ("data") over every device, or None with one device. The per-process batch
     must split evenly over the devices."""
     devices = jax.devices()
     if len(devices) == 1:
         return None
-    if batch_size % len(devices):
-        raise BertforgeError(f"batch_size (--batch-size) {batch_size} does not split over {len(devices)} JAX "
-                             "devices; use a multiple of the device count")
+    check_batch_split(batch_size)
     return Mesh(np.array(devices), ("data",))
 
 

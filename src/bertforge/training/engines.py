@@ -14,6 +14,18 @@ from ..settings import TrainConfig
 from .trainer import Task, Trainer
 
 
+def check_engine(config: Any) -> None:
+    """Refuse what the run's engine cannot do before anything is read or written: with --backend jax, JAX
+    missing, or a per-process batch that does not split over the JAX devices."""
+    if config.backend == "jax":
+        from ..errors import require
+
+        require("jax", "jax", "flax", "optax", what="--backend jax")
+        from ..jax.devices import check_batch_split
+
+        check_batch_split(config.batch_size)
+
+
 def make_trainer(model: torch.nn.Module, task: Task, config: TrainConfig, run_info: dict[str, Any],
                  seq_len: int, pad_id: int) -> Trainer:
     """The loop for `config.backend`: the torch `Trainer`, or the same loop on JAX (`jax/loop.py`,

@@ -33,7 +33,7 @@ from ..tasks.table import check_backend
 from ..tokenization.kinds import load_tokenizer
 from ..tokenization.base import Tokenizer
 from . import distributed as dist
-from .engines import make_trainer
+from .engines import check_engine, make_trainer
 from .runs import claim_output, report, save_run_config
 
 
@@ -168,6 +168,7 @@ def run_finetune(cfg: FinetuneConfig, as_json: bool = True) -> dict[str, Any]:
     """
     check_backend(cfg)  # a task the table lacks, or one --backend jax does not train, is refused by name
     tokenizer = _checked(cfg)  # a missing model or tokenizer is refused before --out is touched
+    check_engine(cfg)
     dist.init()  # under torchrun: one run, its processes splitting each global batch
     try:
         return run_seeds(cfg, _run_one if cfg.seeds else functools.partial(_run_one, tokenizer=tokenizer), as_json,

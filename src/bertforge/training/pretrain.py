@@ -39,7 +39,7 @@ from ..tasks.pretraining import build, check_model
 from ..tokenization.kinds import load_tokenizer, train_tokenizer
 from ..tokenization.base import Tokenizer
 from . import distributed as dist
-from .engines import make_trainer
+from .engines import check_engine, make_trainer
 from .runs import claim_output, report, save_run_config
 
 EMBEDDED = "python-stdlib-docstrings"
@@ -167,6 +167,7 @@ def run_pretrain(cfg: PretrainConfig, as_json: bool = True) -> dict[str, Any]:
     """
     resolve_architecture(cfg)
     check_model(cfg)  # a bad preset, checkpoint config or --seq-len is refused before --out is touched
+    check_engine(cfg)
     dist.init()
     if dist.is_main():
         _say_foreign_vocabulary(cfg)
