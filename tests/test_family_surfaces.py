@@ -261,7 +261,7 @@ def test_inspect_reads_every_family_member_and_head_in_text_and_json(tmp_path):
     from bertforge.models.registry import FAMILIES
 
     for model_type, row in FAMILIES.items():
-        config = row.config.from_preset("L2-H64", vocab_size=100, pad_token_id=0)
+        config = row.config.from_preset("L2-H64", vocab_size=100, pad_token_id=1 if model_type == "mpnet" else 0)
         for info in row.heads:
             folder = tmp_path / f"{model_type}-{info.kind}"
             info.cls(config).save_pretrained(folder)

@@ -44,6 +44,10 @@ _EXPORTS = {
     **{name: "models.modernbert" for name in (
         "ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
         "ModernBertForTokenClassification", "ModernBertForQuestionAnswering")},
+    **{name: "models.mpnet" for name in (
+        "MPNetConfig", "MPNetModel", "MPNetForMaskedLM", "MPNetForSequenceClassification",
+        "MPNetForTokenClassification", "MPNetForQuestionAnswering")},
+    "MPNetTokenizer": "tokenization.wordpiece",
     "AutoConfig": "interop.auto", "AutoModel": "interop.auto", "AutoModelForPreTraining": "interop.auto",
     "AutoModelForMaskedLM": "interop.auto", "AutoModelForNextSentencePrediction": "interop.auto",
     "AutoModelForSequenceClassification": "interop.auto", "AutoModelForTokenClassification": "interop.auto",

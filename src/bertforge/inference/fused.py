@@ -114,24 +114,26 @@ class _FusedLayer(PackedBlock):
         return True
 
     def context(self, w: SimpleNamespace, qkv: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | None,
-                packed: Packing | None) -> torch.Tensor:
-        """Attention: qkv [..., 3H] (the query pre-scaled) -> the context, shaped like x."""
+                packed: Packing | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention: qkv [..., 3H] (the query pre-scaled) -> the context, shaped like x. bias: MPNet's
+        float [1, nh, T, T] score bias (`SelfAttention.forward`), which the native kernel does not take."""
         H = x.shape[-1]
         heads = self.layer.attention.num_heads
+        attend = self.attend if bias is None else None
         if packed is None:  # the padded batch [B, T, H], with no mask or a [B, 1, 1|T, T] one
             B, T = x.shape[:2]
-            if mask is None and self.attend is not None:  # no padding: B sequences of T tokens
+            if mask is None and attend is not None:  # no padding: B sequences of T tokens
                 starts = torch.arange(0, B * T + 1, T, dtype=torch.int32)
-                return self.attend(qkv.view(B * T, 3 * H), starts, heads).view(B, T, H)
-            return _attention(qkv.view(B * T, 3 * H), B, T, heads, mask).view(B, T, H)
-        if self.attend is not None:  # straight on the real tokens, sequence by sequence
-            return self.attend(qkv, packed.cu_seqlens, heads)
+                return attend(qkv.view(B * T, 3 * H), starts, heads).view(B, T, H)
+            return _attention(qkv.view(B * T, 3 * H), B, T, heads, mask, bias).view(B, T, H)
+        if attend is not None:  # straight on the real tokens, sequence by sequence
+            return attend(qkv, packed.cu_seqlens, heads)
         if packed.key_mask is None and packed.num_seqs * packed.max_seqlen == x.shape[0]:
             # Every sequence is full length: the real tokens already are the attention layout.
-            return _attention(qkv, packed.num_seqs, packed.max_seqlen, heads, None)
+            return _attention(qkv, packed.num_seqs, packed.max_seqlen, heads, None, bias)
         # One scatter into the attention layout for q, k and v together, one gather back.
         S, T = packed.num_seqs, packed.max_seqlen
-        context = _attention(to_sequences(qkv, packed).view(S * T, 3 * H), S, T, heads, packed.key_mask)
+        context = _attention(to_sequences(qkv, packed).view(S * T, 3 * H), S, T, heads, packed.key_mask, bias)
         return from_sequences(context.view(S, T, H), packed)
 
 
@@ -169,11 +171,13 @@ class _FusedDisentangledLayer(_FusedLayer):
         return context.view(x.shape)
 
 
-def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Tensor | None) -> torch.Tensor:
+def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Tensor | None,
+               position_bias: torch.Tensor | None = None) -> torch.Tensor:
     """Multi-head attention over S sequences of T tokens, the query pre-scaled by 1/sqrt(d).
 
     qkv: float32 or bfloat16 [S*T, 3H], sequence by sequence (rows past a sequence's end are zeros,
-    or masked); mask: bool [S, 1, 1, T] or [S, 1, T, T], True where a key may be attended to, or None.
+    or masked); mask: bool [S, 1, 1, T] or [S, 1, T, T], True where a key may be attended to, or None;
+    position_bias: float [1, nh, T, T] added to every sequence's scores (MPNet's), or None.
     Returns the context, float32 [S*T, H]: attention computes in float32 whatever qkv's dtype, as the
     native kernel does.
     """
@@ -184,11 +188,16 @@ def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Te
     # so q k^T and p v are each one batched matmul over nh*S small products.
     q, k, v = (t.view(num_heads * S, T, d)
                for t in qkv.view(S, T, 3, num_heads, d).permute(2, 3, 0, 1, 4).contiguous().unbind(0))
-    if mask is None:
+    if mask is None and position_bias is None:
         scores = torch.bmm(q, k.transpose(1, 2))  # (nh*S, T, T)
     else:  # -inf where masked, added inside the matmul; broadcast over heads (and queries for a key mask)
-        bias = torch.zeros(mask.shape, dtype=qkv.dtype).masked_fill_(~mask, float("-inf")).transpose(0, 1)
-        bias = bias.expand(num_heads, S, -1, T).reshape(num_heads * S, -1, T).expand(-1, T, -1)
+        bias = torch.zeros((S, 1, 1, T) if mask is None else mask.shape, dtype=qkv.dtype)
+        if mask is not None:
+            bias.masked_fill_(~mask, float("-inf"))
+        bias = bias.transpose(0, 1)  # (1, S, 1|T, T)
+        if position_bias is not None:  # (1, nh, T, T) -> (nh, 1, T, T): the same for every sequence
+            bias = bias + position_bias.float().transpose(0, 1)
+        bias = bias.expand(num_heads, S, T, T).reshape(num_heads * S, T, T)
         scores = torch.baddbmm(bias, q, k.transpose(1, 2))
     probs = scores.softmax(dim=-1)
     if mask is not None and not bool(mask.any(dim=-1).all()):

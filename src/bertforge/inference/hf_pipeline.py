@@ -64,7 +64,8 @@ def fill_mask_rows(ids: list[int], masks: list[list[dict]], mask_id: int,
         rows = []
         for p in predictions:
             filled = ids[:position] + [p["token"]] + ids[position + 1:]
-            token_str, sequence = decode([[p["token"]], filled], single)
+            # The token alone keeps a special token's text ("[UNK]"), as transformers' `decode([p])` does.
+            (token_str,), (sequence,) = decode([[p["token"]]], False), decode([filled], single)
             rows.append({"score": p["score"], "token": p["token"], "token_str": token_str, "sequence": sequence})
         per_mask.append(rows)
     return per_mask[0] if single else per_mask

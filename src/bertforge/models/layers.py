@@ -89,15 +89,18 @@ class SelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
-                packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                packed: Packing | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: float [B, T, H], or [N, H] real tokens when `packed` says where they sit;
-        mask: bool [B, 1, 1, T] or [B, 1, T, T], True where a key may be attended to, or None.
+        mask: bool [B, 1, 1, T] or [B, 1, T, T], True where a key may be attended to, or None;
+        bias: float [1, nh, T, T] added to every row's scores after the 1/sqrt(hd) scaling (MPNet's relative
+        positions), T the attention layout's length (`packed.max_seqlen` when packed), or None.
 
         Returns the projected context, shaped like x, and the attention probabilities
         float [B, nh, T, T] when `output_attentions`, else None.
         """
         q, k, v = self.query(x), self.key(x), self.value(x)
-        if self.training and not output_attentions and fused_training(self, q) and (packed is not None or mask is None):
+        if (self.training and bias is None and not output_attentions and fused_training(self, q)
+                and (packed is not None or mask is None)):
             # Training on CPU: attention straight on the real tokens, keeping no padded [B, nh, T, T] tensors.
             (q, k, v), cu_seqlens = varlen((q, k, v), packed)
             context = training_attention.attention(q, k, v, cu_seqlens, self.num_heads, self.dropout_p)
@@ -105,20 +108,20 @@ class SelfAttention(nn.Module):
         if packed is not None:  # attention needs the sequences: scatter the real tokens into one row each
             q, k, v = to_sequences(q, packed), to_sequences(k, packed), to_sequences(v, packed)
             mask = packed.key_mask
-        context, probs = self.attend(q, k, v, mask, output_attentions)
+        context, probs = self.attend(q, k, v, mask, output_attentions, bias)
         if packed is not None:
             context = from_sequences(context, packed)
         return self.out(context), probs
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               output_attentions: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+               output_attentions: bool, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q, k, v: float [B, T, H] -> context float [B, T, H] (and probabilities [B, nh, T, T])."""
         B, T, H = q.shape
         # (B, T, H) -> (B, nh, T, hd): each head attends in its own hd-dim subspace.
         q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        context, probs = scaled_attention(q, k, v, mask, self.dropout_p, self.training, output_attentions)
+        context, probs = scaled_attention(q, k, v, mask, self.dropout_p, self.training, output_attentions, bias)
         return context.transpose(1, 2).reshape(B, T, H), probs  # re-join the heads
 
 
@@ -131,31 +134,42 @@ def fused_training(module: SelfAttention, q: torch.Tensor) -> bool:
 
 
 def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float,
-                     training: bool, output_attentions: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """softmax(q k^T / sqrt(hd), where mask) v, by heads: q, k, v float [B, nh, T, hd]; mask bool, broadcast
-    to [B, nh, T, T], True where a key may be attended to. Returns the context [B, nh, T, hd] and, when
-    `output_attentions`, the probabilities [B, nh, T, T]."""
+                     training: bool, output_attentions: bool,
+                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(q k^T / sqrt(hd) + bias, where mask) v, by heads: q, k, v float [B, nh, T, hd]; mask bool,
+    broadcast to [B, nh, T, T], True where a key may be attended to; bias float [1, nh, T, T] or None.
+    Returns the context [B, nh, T, hd] and, when `output_attentions`, the probabilities [B, nh, T, T]."""
     dropout_p = dropout_p if training else 0.0
     probs = None
+    if bias is not None:
+        # A score bias: masked keys get the dtype's lowest value added, not -inf, as transformers' additive mask
+        # (a padding query of the masked path then averages its keys instead of giving NaN).
+        bias = bias.to(q.dtype)
+        if mask is not None:
+            bias = bias.masked_fill(~mask, torch.finfo(q.dtype).min)
+        mask = None
     if torch.compiler.is_exporting() and not output_attentions and dropout_p == 0.0:
-        return exported_attention(q, k, v, mask), None
+        return exported_attention(q, k, v, mask, bias), None
     # SDPA draws its attention dropout with torch's Bernoulli sampler, which cost more than the
     # attention itself on CPU; eager training there takes the explicit path and the hashed dropout.
     hashed = dropout_p > 0.0 and q.device.type == "cpu" and not torch.compiler.is_compiling()
     if output_attentions or hashed:
         # The explicit path: the same maths as SDPA, but the probabilities are kept.
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+        if bias is not None:
+            scores = scores + bias
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         probs = scores.softmax(dim=-1)
         context = dropout(probs, dropout_p, training) @ v  # (B, nh, T, hd)
         probs = probs if output_attentions else None
     else:
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if bias is None else bias, dropout_p=dropout_p)
     return context, probs
 
 
-def exported_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def exported_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
     """`scaled_attention` as a graph being exported (ONNX) holds it: q, k, v float [B, nh, T, hd], mask bool
     (broadcast to [B, nh, T, T]) -> context [B, nh, T, hd].
 
@@ -166,6 +180,8 @@ def exported_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     exporter's optimiser builds it once for all the layers that share a mask. A row with no key to see (a query of a
     row with no real token) averages over all its keys, not NaN."""
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+    if bias is not None:  # a score bias with the mask in it already (scaled_attention)
+        scores = scores + bias
     if mask is not None:
         scores = scores + torch.zeros((), dtype=scores.dtype).masked_fill(~mask, torch.finfo(scores.dtype).min)
     return scores.softmax(dim=-1) @ v

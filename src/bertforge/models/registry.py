@@ -31,6 +31,9 @@ from .electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, 
 from .modernbert import HF_NAMES as MODERNBERT_NAMES
 from .modernbert import (ModernBertConfig, ModernBertForMaskedLM, ModernBertForQuestionAnswering,
                          ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertModel)
+from .mpnet import HF_NAMES as MPNET_NAMES
+from .mpnet import (MPNetConfig, MPNetForMaskedLM, MPNetForQuestionAnswering, MPNetForSequenceClassification,
+                    MPNetForTokenClassification, MPNetModel)
 from .heads import (BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
                     BertForSequenceClassification, BertForTokenClassification)
 from .roberta import HF_NAMES as ROBERTA_NAMES
@@ -185,8 +188,15 @@ MODERNBERT = Family("modernbert", ModernBertConfig, ModernBertModel, MODERNBERT_
              ("start_logits", "end_logits"), ("classifier.", "question answering (start/end)")),
 ), tokenizer_class="PreTrainedTokenizerFast")
 
+# MPNet's checkpoints are its permuted-LM pretraining's; bertforge pretrains it with masked-LM (its masked-LM model).
+MPNET = Family("mpnet", MPNetConfig, MPNetModel, MPNET_NAMES, "wordpiece", (
+    base(MPNetModel), masked_lm(MPNetForMaskedLM, "lm_head."),
+    sequence_classifier(MPNetForSequenceClassification), token_classifier(MPNetForTokenClassification),
+    span_extractor(MPNetForQuestionAnswering),
+), tokenizer_class="MPNetTokenizer")
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA,
-                                                         DEBERTA_V2, MODERNBERT)}
+                                                         DEBERTA_V2, MODERNBERT, MPNET)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}

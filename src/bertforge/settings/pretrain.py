@@ -75,7 +75,7 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
     model: str | None = setting(None, "a preset (tiny ... large, L<n>-H<n>) or a checkpoint dir "
                                       "(default: tiny for the embedded corpus, else base)")
     arch: str | None = setting(None, "the architecture of a new model: bert, roberta, xlm-roberta, distilbert, albert, "
-                                     "electra, deberta-v2 or modernbert (default bert; a --model checkpoint brings its "
+                                     "electra, deberta-v2, modernbert or mpnet (default bert; a --model checkpoint brings its "
                                      "own)")
     objective: str | None = setting(None, "mlm+nsp (BERT's, its default), mlm+sop (ALBERT's sentence order, its "
                                           "default), rtd (ELECTRA's replaced-token detection, its default) or mlm "
@@ -114,6 +114,9 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
     def check(self) -> None:
         if not 0 < self.generator_size <= 1 or not self.rtd_weight > 0:
             raise ConfigError(f"{flag('generator_size')} must lie in (0, 1] and {flag('rtd_weight')} be positive")
+        if self.objective in ("plm", "mpnet"):
+            raise ConfigError(f"{flag('objective')} {self.objective}: MPNet's permuted language modelling is not "
+                              "built; bertforge pretrains MPNet with masked-LM (--objective mlm, its default here)")
         if self.objective not in (None, *OBJECTIVES):
             raise ConfigError(f"{flag('objective')} must be {', '.join(OBJECTIVES)}, not {self.objective!r}")
         if self.seq_len < 8:

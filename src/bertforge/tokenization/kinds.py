@@ -11,7 +11,7 @@ from .base import Tokenizer
 from .bpe import ByteLevelBPETokenizer
 from .unigram import AlbertTokenizer, DebertaV2Tokenizer, UnigramTokenizer
 from .verbatim import VerbatimTokenizer
-from .wordpiece import WordPieceTokenizer
+from .wordpiece import MPNetTokenizer, WordPieceTokenizer
 
 KINDS: dict[str, type[Tokenizer]] = {"wordpiece": WordPieceTokenizer, "bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer}
 # tokenizer.json's model type -> kind
@@ -27,12 +27,14 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return _unigram_pipeline(Path(path)).from_pretrained(path)
     if kind == "bpe" and _names_class(Path(path), VerbatimTokenizer.classes):
         return VerbatimTokenizer.from_pretrained(path)
+    if kind == "wordpiece" and _names_class(Path(path), MPNetTokenizer.classes):
+        return MPNetTokenizer.from_pretrained(path)
     return KINDS[kind].from_pretrained(path)
 
 
 def _names_class(path: Path, classes: set[str]) -> bool:
     """Whether tokenizer_config.json's tokenizer_class is one of `classes` (ModernBERT's PreTrainedTokenizerFast:
-    tokenizer.json used as it is, not RoBERTa's pipeline rebuilt around its vocabulary)."""
+    tokenizer.json used as it is, not RoBERTa's pipeline rebuilt around its vocabulary; MPNet's WordPiece)."""
     file = path / "tokenizer_config.json"
     try:
         return file.is_file() and json.loads(file.read_text(encoding="utf-8")).get("tokenizer_class") in classes
@@ -96,11 +98,12 @@ def train_tokenizer(kind: str, tokenizer_class: str, *, files: Iterable[str | Pa
                     texts: Callable[[], Iterator[str]] | None = None, vocab_size: int, min_frequency: int = 2,
                     lowercase: bool = True, show_progress: bool = False) -> Tokenizer:
     """A new vocabulary of `kind` (wordpiece, bpe, unigram), assembled as transformers' `tokenizer_class`
-    (BertTokenizer or DistilBertTokenizer; RobertaTokenizer; XLMRobertaTokenizer or AlbertTokenizer).
+    (BertTokenizer, DistilBertTokenizer or MPNetTokenizer; RobertaTokenizer; XLMRobertaTokenizer or AlbertTokenizer).
     texts: a function giving a fresh stream of strings (WordPiece reads it twice). `min_frequency` and
     `lowercase` are WordPiece's (and min_frequency BPE's); a Unigram vocabulary keeps case and has no such cut."""
     if kind == "wordpiece":
-        tokenizer = WordPieceTokenizer.train(files, vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
+        pipeline = MPNetTokenizer if tokenizer_class in MPNetTokenizer.classes else WordPieceTokenizer
+        tokenizer = pipeline.train(files, vocab_size=vocab_size, lowercase=lowercase, min_frequency=min_frequency,
                                     texts=texts, show_progress=show_progress)
         tokenizer.tokenizer_class = tokenizer_class  # DistilBERT's sends no token_type_ids to its model
         return tokenizer

@@ -6,6 +6,7 @@ and punctuation), then greedy longest-match WordPiece with `##` continuations,
 then the `[CLS] A [SEP] B [SEP]` template with segment ids. The `tokenizers`
 library does all of it in Rust; this module only assembles it, reads and writes
 the files transformers uses (vocab.txt, tokenizer.json, tokenizer_config.json).
+MPNet's tokenizer is the same pipeline with RoBERTa's special tokens and pairs (`MPNetTokenizer`).
 The call signature is every kind's (`base.py`).
 """
 
@@ -15,8 +16,9 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -38,15 +40,17 @@ _BERT_CLASSES = {"BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "D
 
 
 
-def read_settings(path: Path) -> dict[str, Any]:
-    """The tokenizer settings of a checkpoint directory, read as transformers' BertTokenizer reads them.
+def read_settings(path: Path, classes: set[str] = _BERT_CLASSES, defaults: dict[str, str] = DEFAULT_SPECIALS,
+                  default_class: str = "BertTokenizer") -> dict[str, Any]:
+    """The tokenizer settings of a checkpoint directory, read as transformers' BertTokenizer (or another of the
+    WordPiece `classes`, whose special tokens default to `defaults`) reads them.
 
     Every key of tokenizer_config.json (and special_tokens_map.json) is either honoured,
     known to change no output, or refused with a `TokenizerError` naming it. Defaults are
     transformers': lower-casing on, accents stripped when lower-casing, CJK characters split.
     Returns {lowercase, strip_accents, chinese_chars, model_max_length, specials, extra_specials}.
     """
-    config_file, config, token_map, specials = read_special_tokens(path, DEFAULT_SPECIALS)
+    config_file, config, token_map, specials = read_special_tokens(path, defaults)
 
     def flag(key: str, default: Any, allowed: tuple) -> Any:
         value = config.get(key, default)
@@ -70,7 +74,7 @@ def read_settings(path: Path) -> dict[str, Any]:
                   "honours it, so its meaning depends on the class; remove it or list the words as added tokens")
     refuse_unless("do_basic_tokenize", lambda v: v is True, "only BERT's basic tokenizer (punctuation and "
                   "whitespace splitting) is implemented")
-    refuse_unless("tokenizer_class", lambda v: v in _BERT_CLASSES, "bertforge reads BERT WordPiece tokenizers only")
+    refuse_unless("tokenizer_class", lambda v: v in classes, f"this pipeline is {' or '.join(sorted(classes))}")
     refuse_unless("padding_side", lambda v: v == "right", "BERT pads on the right")
     refuse_unless("truncation_side", lambda v: v == "right", "bertforge truncates on the right")
     refuse_unless("split_special_tokens", lambda v: v is False, "special tokens typed in the text are kept whole")
@@ -84,7 +88,7 @@ def read_settings(path: Path) -> dict[str, Any]:
             raise TokenizerError(f"{config_file}: key '{key}' must be a list of tokens, got {value!r}")
         extra += [token_text(v, key, config_file) for v in value]
     settings["extra_specials"] = extra
-    settings["tokenizer_class"] = config.get("tokenizer_class", "BertTokenizer")
+    settings["tokenizer_class"] = config.get("tokenizer_class", default_class)
     known = {"do_lower_case", "strip_accents", "tokenize_chinese_chars", "model_max_length", "max_len", "never_split",
              "do_basic_tokenize", "tokenizer_class", "padding_side", "truncation_side", "split_special_tokens",
              "pad_token_type_id", *SPECIAL_ROLES, *NO_EFFECT_KEYS}
@@ -124,9 +128,11 @@ def bert_normalizer(lowercase: bool, strip_accents: bool | None = None, chinese_
                                       strip_accents=strip_accents, lowercase=lowercase)
 
 
-def _finish_backend(backend: Backend, specials: dict[str, str] | None = None, extra_specials: list[str] = ()) -> Backend:
-    """Add the [CLS]/[SEP] template, the special tokens and the WordPiece decoder to a backend with a vocabulary."""
-    specials = specials or DEFAULT_SPECIALS
+def _finish_backend(backend: Backend, specials: dict[str, str], extra_specials: list[str] = (),
+                    roberta_pairs: bool = False) -> Backend:
+    """Add the [CLS]/[SEP] template (or, with `roberta_pairs`, `<s> A </s></s> B </s>` with no segments and the mask
+    token taking the space before it, as MPNet's), the special tokens and the WordPiece decoder to a backend with a
+    vocabulary."""
     # Encoding needs these four; a vocabulary without a mask token still classifies, tags and embeds
     # (fill-mask then says there is no mask token), as in transformers.
     needed = ("pad_token", "unk_token", "cls_token", "sep_token")
@@ -135,15 +141,22 @@ def _finish_backend(backend: Backend, specials: dict[str, str] | None = None, ex
     if missing:
         raise TokenizerError(f"vocabulary lacks the special token(s) {', '.join(missing)}")
     cls, sep = specials["cls_token"], specials["sep_token"]
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{cls}:0 $A:0 {sep}:0",
-        pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-        special_tokens=[(cls, backend.token_to_id(cls)), (sep, backend.token_to_id(sep))],
-    )
+    if roberta_pairs:
+        backend.post_processor = processors.RobertaProcessing((sep, backend.token_to_id(sep)),
+                                                              (cls, backend.token_to_id(cls)), trim_offsets=True,
+                                                              add_prefix_space=False)
+    else:
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0",
+            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, backend.token_to_id(cls)), (sep, backend.token_to_id(sep))],
+        )
     backend.decoder = decoders.WordPiece(prefix="##")
     backend.model.unk_token = specials["unk_token"]
-    # Special tokens typed in the text ("[MASK]") are matched whole, before normalisation.
-    present = [specials[r] for r in SPECIAL_ROLES if backend.token_to_id(specials[r]) is not None]
+    # Special tokens typed in the text ("[MASK]") are matched whole, before normalisation. MPNet's mask token eats
+    # the space before it (transformers' MPNetTokenizer sets lstrip on it whatever the files say).
+    present = [AddedToken(specials[r], special=True, normalized=False, lstrip=roberta_pairs and r == "mask_token")
+               for r in SPECIAL_ROLES if backend.token_to_id(specials[r]) is not None]
     backend.add_special_tokens(present + list(extra_specials))
     return backend
 
@@ -162,19 +175,25 @@ class WordPieceTokenizer(Tokenizer):
     """WordPiece tokenizer with BERT's conventions (`bertforge.Tokenizer` is this class)."""
 
     tokenizer_class = "BertTokenizer"
+    # The tokenizer_config.json classes this pipeline is, its default special tokens, a new vocabulary's first
+    # tokens (ids 0..4), and whether pairs are RoBERTa's `<s> A </s></s> B </s>` with no segments (MPNet's).
+    classes: ClassVar[set[str]] = _BERT_CLASSES
+    default_specials: ClassVar[dict[str, str]] = DEFAULT_SPECIALS
+    trained_specials: ClassVar[list[str]] = SPECIAL_TOKENS
+    roberta_pairs: ClassVar[bool] = False
 
     @property
     def model_input_names(self) -> tuple[str, ...]:  # type: ignore[override]
         """What `__call__` returns by default, as transformers' tokenizer class names it: DistilBERT's
         tokenizer, the same WordPiece as BERT's, sends no token_type_ids."""
-        if self.tokenizer_class.startswith("DistilBert"):
+        if self.tokenizer_class.startswith("DistilBert") or self.roberta_pairs:
             return ("input_ids", "attention_mask")
         return ("input_ids", "token_type_ids", "attention_mask")
 
     def __init__(self, backend: Backend, lowercase: bool = True, strip_accents: bool | None = None,
                  model_max_length: int = 512, chinese_chars: bool = True,
                  specials: dict[str, str] | None = None, extra_specials: list[str] = ()) -> None:
-        super().__init__(backend, model_max_length, dict(specials or DEFAULT_SPECIALS), extra_specials)
+        super().__init__(backend, model_max_length, dict(specials or self.default_specials), extra_specials)
         self.lowercase = lowercase
         self.strip_accents = strip_accents
         self.chinese_chars = chinese_chars
@@ -183,7 +202,7 @@ class WordPieceTokenizer(Tokenizer):
     @classmethod
     def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True, strip_accents: bool | None = None,
                    chinese_chars: bool = True, model_max_length: int = 512) -> "WordPieceTokenizer":
-        return cls._assemble(Backend(models.WordPiece(read_vocab(vocab_file), unk_token="[UNK]",
+        return cls._assemble(Backend(models.WordPiece(read_vocab(vocab_file), unk_token=cls.default_specials["unk_token"],
                                                       max_input_chars_per_word=MAX_CHARS_PER_WORD)),
                              Path(vocab_file), {"lowercase": lowercase, "strip_accents": strip_accents,
                                                 "chinese_chars": chinese_chars, "model_max_length": model_max_length})
@@ -192,16 +211,16 @@ class WordPieceTokenizer(Tokenizer):
     def _assemble(cls, backend: Backend, source: Path, settings: dict[str, Any]) -> "WordPieceTokenizer":
         """BERT's pipeline around a WordPiece vocabulary, configured by `settings` (see `read_settings`)."""
         settings = {"strip_accents": None, "chinese_chars": True, "model_max_length": 512,
-                    "specials": DEFAULT_SPECIALS, "extra_specials": [], **settings}
+                    "specials": cls.default_specials, "extra_specials": [], **settings}
         backend.normalizer = bert_normalizer(settings["lowercase"], settings["strip_accents"], settings["chinese_chars"])
         backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         try:
-            _finish_backend(backend, settings["specials"], settings["extra_specials"])
+            _finish_backend(backend, settings["specials"], settings["extra_specials"], cls.roberta_pairs)
         except TokenizerError as exc:
             raise TokenizerError(f"{source}: {exc}") from None
         tokenizer = cls(backend, settings["lowercase"], settings["strip_accents"], settings["model_max_length"],
                         settings["chinese_chars"], settings["specials"], settings["extra_specials"])
-        tokenizer.tokenizer_class = settings.get("tokenizer_class", "BertTokenizer")
+        tokenizer.tokenizer_class = settings.get("tokenizer_class", cls.tokenizer_class)
         return tokenizer
 
     @classmethod
@@ -220,7 +239,7 @@ class WordPieceTokenizer(Tokenizer):
             return cls.from_vocab(path)
         if not path.is_dir():
             raise TokenizerError(f"{path}: no such tokenizer directory or vocab file")
-        settings = read_settings(path)
+        settings = read_settings(path, cls.classes, cls.default_specials, cls.tokenizer_class)
         json_file = path / "tokenizer.json"
         if json_file.is_file():
             try:
@@ -230,7 +249,7 @@ class WordPieceTokenizer(Tokenizer):
             spec = json.loads(backend.to_str())
             if (spec.get("model") or {}).get("type") != "WordPiece":
                 raise TokenizerError(f"{json_file}: model type {(spec.get('model') or {}).get('type')!r} is not "
-                                     "WordPiece; bertforge reads BERT tokenizers only")
+                                     f"WordPiece, which {settings['tokenizer_class']} is")
             if _normalizer_behaviour(spec.get("normalizer")) != _normalizer_behaviour(
                     {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": settings["chinese_chars"],
                      "strip_accents": settings["strip_accents"], "lowercase": settings["lowercase"]}):
@@ -252,7 +271,8 @@ class WordPieceTokenizer(Tokenizer):
               limit_alphabet: int = 1000, show_progress: bool = False) -> "WordPieceTokenizer":
         """Train a new WordPiece vocabulary on text files and/or an iterable of strings.
 
-        The special tokens come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+        The special tokens come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4 (MPNet's: <s>=0, <pad>=1,
+        </s>=2, [UNK]=3, <mask>=4, so the padding id is the 1 its positions count from).
         Files are read as UTF-8 and an invalid byte is reported with its file and offset.
 
         The same text and settings always give the same vocabulary, byte for byte. The
@@ -275,8 +295,10 @@ class WordPieceTokenizer(Tokenizer):
                 yield from read_lines(file)
             yield from texts() if callable(texts) else texts
 
+        unk = cls.default_specials["unk_token"]
+
         def run(size: int, specials: list[str], progress: bool) -> Backend:
-            backend = Backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_CHARS_PER_WORD))
+            backend = Backend(models.WordPiece(unk_token=unk, max_input_chars_per_word=MAX_CHARS_PER_WORD))
             backend.normalizer = bert_normalizer(lowercase)
             backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
             trainer = trainers.WordPieceTrainer(vocab_size=size, min_frequency=min_frequency, special_tokens=specials,
@@ -285,14 +307,14 @@ class WordPieceTokenizer(Tokenizer):
             backend.train_from_iterator(stream(), trainer=trainer)
             return backend
 
-        first = run(len(SPECIAL_TOKENS), SPECIAL_TOKENS, False)
+        first = run(len(cls.trained_specials), cls.trained_specials, False)
         pieces = sorted(t for t in first.get_vocab() if t.startswith("##") and len(t) == 3)
-        trained = run(vocab_size, SPECIAL_TOKENS + pieces, show_progress)
-        if trained.get_vocab_size() <= len(SPECIAL_TOKENS):
+        trained = run(vocab_size, cls.trained_specials + pieces, show_progress)
+        if trained.get_vocab_size() <= len(cls.trained_specials):
             raise TokenizerError("tokenizer training found no text: the corpus is empty")
         # Rebuild from the vocabulary alone, so that the `##c` pieces are ordinary tokens again.
         vocab = trained.get_vocab(with_added_tokens=True)
-        backend = Backend(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_CHARS_PER_WORD))
+        backend = Backend(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=MAX_CHARS_PER_WORD))
         return cls._assemble(backend, Path("<trained>"), {"lowercase": lowercase})
 
 
@@ -319,8 +341,21 @@ class WordPieceTokenizer(Tokenizer):
             return self
         backend = Backend.from_str(self.backend.to_str())
         backend.normalizer = normalizers.Sequence([normalizers.Lowercase(), backend.normalizer])
-        copy = WordPieceTokenizer(backend, self.lowercase, self.strip_accents, self.model_max_length, self.chinese_chars,
-                         self.specials, self.extra_specials)
+        copy = type(self)(backend, self.lowercase, self.strip_accents, self.model_max_length, self.chinese_chars,
+                          self.specials, self.extra_specials)
         copy.tokenizer_class = self.tokenizer_class
         return copy
 
+
+
+class MPNetTokenizer(WordPieceTokenizer):
+    """MPNet's tokenizer (transformers' MPNetTokenizer): BERT's WordPiece pipeline on a vocabulary that starts
+    `<s> <pad> </s> <unk>`, with `<s> A </s>` and `<s> A </s></s> B </s>` as RoBERTa builds them, no
+    token_type_ids, and a mask token that takes the space before it."""
+
+    tokenizer_class = "MPNetTokenizer"
+    classes = {"MPNetTokenizer", "MPNetTokenizerFast"}
+    default_specials = {"pad_token": "<pad>", "unk_token": "[UNK]", "cls_token": "<s>", "sep_token": "</s>",
+                        "mask_token": "<mask>"}
+    trained_specials = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]
+    roberta_pairs = True
