@@ -249,6 +249,13 @@ def unigram_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def camembert_dirs(tmp_path_factory):
+    """CamemBERT's SentencePiece Unigram tokenizer (fairseq's other numbering), trained on a little text."""
+    return _unigram_dirs(tmp_path_factory.mktemp("camembert-tok"), "CamembertTokenizer",
+                         ["<s>NOTUSED", "<pad>", "</s>NOTUSED", "<unk>", "<unk>NOTUSED", "<s>", "</s>", "<mask>"])
+
+
+@pytest.fixture(scope="session")
 def deberta_dirs(tmp_path_factory):
     """DeBERTa-v2/v3's SentencePiece Unigram tokenizer, trained on a little text (see `_unigram_dirs`)."""
     return _unigram_dirs(tmp_path_factory.mktemp("deberta-tok"), "DebertaV2Tokenizer",

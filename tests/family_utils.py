@@ -51,6 +51,11 @@ FAMILIES = {
         "AutoModelForSequenceClassification": "ModernBertForSequenceClassification",
         "AutoModelForTokenClassification": "ModernBertForTokenClassification",
         "AutoModelForQuestionAnswering": "ModernBertForQuestionAnswering"}),
+    "camembert": ("CamembertConfig", {
+        "AutoModel": "CamembertModel", "AutoModelForMaskedLM": "CamembertForMaskedLM",
+        "AutoModelForSequenceClassification": "CamembertForSequenceClassification",
+        "AutoModelForTokenClassification": "CamembertForTokenClassification",
+        "AutoModelForQuestionAnswering": "CamembertForQuestionAnswering"}),
     "mpnet": ("MPNetConfig", {
         "AutoModel": "MPNetModel", "AutoModelForMaskedLM": "MPNetForMaskedLM",
         "AutoModelForSequenceClassification": "MPNetForSequenceClassification",

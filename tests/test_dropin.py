@@ -50,6 +50,8 @@ FAMILY = {
                     and not k.endswith("_token_id")},
                    "modern"),
     "mpnet": ("MPNetConfig", "MPNetForMaskedLM", "MPNetForSequenceClassification", {}, "wordpiece-mpnet"),
+    "camembert": ("CamembertConfig", "CamembertForMaskedLM", "CamembertForSequenceClassification",
+                  {"type_vocab_size": 1}, "camembert"),
 }
 _ = SHAPES  # the parity test's shapes; this test's sizes are SIZES
 
@@ -68,7 +70,7 @@ def _tokenizer_dir(kind: str, root: Path, request) -> Path:
         ByteLevelBPETokenizer.train(texts=corpus(), vocab_size=600).save(folder)
     else:
         fixture = {"unigram": "unigram_dirs", "albert": "albert_dirs", "deberta": "deberta_dirs",
-                   "modern": "modern_dirs"}[kind]
+                   "modern": "modern_dirs", "camembert": "camembert_dirs"}[kind]
         shutil.copytree(request.getfixturevalue(fixture) / "hf", folder)
     return folder
 

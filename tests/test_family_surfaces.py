@@ -277,3 +277,26 @@ def test_inspect_reads_every_family_member_and_head_in_text_and_json(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
         assert (json.loads(run.stdout)["size"]["layers"] == 2) if args else ("L=2 H=64" in run.stdout)
+
+
+def test_camembert_classifies_and_embeds_as_the_references(camembert_dirs, tmp_path):
+    """CamemBERT (RoBERTa's network, its own tokenizer numbering): classify probabilities equal transformers', embed
+    equals sentence-transformers', and the fused path gives torch's numbers."""
+    tok_dir = camembert_dirs / "hf"
+    vocab = json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    labels = {"id2label": {0: "neg", 1: "pos"}, "label2id": {"neg": 0, "pos": 1}}
+    config = transformers.CamembertConfig(vocab_size=len(vocab), **SIZES, **labels)
+    torch.manual_seed(2)
+    perturbed(transformers.CamembertForSequenceClassification(config)).save_pretrained(tmp_path)
+    for f in tok_dir.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    texts = TEXTS + ["Le film était <mask> , vraiment ."]
+    rows = list(run_predict("classify", str(tmp_path), texts, backend="torch"))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        probs = model(**tok(texts, padding=True, return_tensors="pt")).logits.softmax(-1)
+    assert [r["scores"]["pos"] for r in rows] == pytest.approx(probs[:, 1].tolist(), abs=1e-5)
+    fused = list(run_predict("classify", str(tmp_path), texts, backend="fused"))
+    assert [r["scores"]["pos"] for r in fused] == pytest.approx(probs[:, 1].tolist(), abs=1e-4)
+    assert_embeds_as_sentence_transformers(tmp_path, texts)

@@ -80,6 +80,7 @@ def test_unigram_agrees_with_transformers(unigram_dirs, side):
     # ALBERT sends segments only when asked, as transformers' AlbertTokenizer; DeBERTa's sends them by default.
     ("albert", "AlbertTokenizer", 2, 1, {"return_token_type_ids": True}),
     ("deberta", "DebertaV2Tokenizer", 1, 3, {}),
+    ("camembert", "CamembertTokenizer", 5, 3, {}),  # fairseq's numbering: <s> at 5, <unk> at 3
 ])
 def test_bracketed_unigram_tokenizers_agree_with_transformers(request, side, family, cls, cls_id, unk_id, asked):
     path = request.getfixturevalue(f"{family}_dirs") / side
@@ -88,6 +89,10 @@ def test_bracketed_unigram_tokenizers_agree_with_transformers(request, side, fam
     theirs = transformers.AutoTokenizer.from_pretrained(path)
     assert agree(ours, theirs) == len(ADVERSARIAL) * len(PAIRS) + 1
     # BERT's segments: the second text and its [SEP] are typed 1.
+    if family == "camembert":  # RoBERTa's pairs, no segments; the NOTUSED pieces typed in text stay whole
+        text = "<s>NOTUSED a <unk>NOTUSED film"
+        assert dict(ours(text)) == dict(theirs(text)) and "token_type_ids" not in ours("a", "b")
+        return
     a = ours("a good film", "東京 🙂", **asked)
     assert a["token_type_ids"] == theirs("a good film", "東京 🙂", **asked)["token_type_ids"]
     assert a["token_type_ids"][-1] == 1 and a["token_type_ids"][0] == 0
@@ -252,6 +257,7 @@ def test_cli_refuses_settings_the_kind_does_not_have(tmp_path):
 
 @pytest.mark.parametrize("name, hf_class, options", [
     ("sentencepiece.bpe.model", "XLMRobertaTokenizer", {}),
+    ("sentencepiece.bpe.model", "CamembertTokenizer", {}),  # config.json's model_type says which numbering
     ("spiece.model", "AlbertTokenizer", dict(pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
                                              control_symbols=["[CLS]", "[SEP]", "[MASK]"])),
     # DeBERTa-v3's layout: [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3 as SentencePiece's own pieces, [MASK] user-defined.
@@ -266,6 +272,8 @@ def test_a_sentencepiece_model_file_alone_reads_as_transformers_reads_it(tmp_pat
                                    model_type="unigram", num_threads=1, minloglevel=2, **options)
     (tmp_path / "m.model").rename(tmp_path / name)
     (tmp_path / "m.vocab").unlink()
+    if hf_class == "CamembertTokenizer":  # the same file name as XLM-R's: the checkpoint's model_type tells them apart
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": "camembert"}))
     ours = bertforge.AutoTokenizer.from_pretrained(tmp_path)
     theirs = getattr(transformers, hf_class).from_pretrained(tmp_path)
     assert type(ours).__name__ == (hf_class if hf_class != "XLMRobertaTokenizer" else "UnigramTokenizer")

@@ -238,4 +238,5 @@ def test_head_registry_describes_every_head():
     assert TASK_ARCHITECTURES["fill-mask"] == ("BertForMaskedLM", "BertForPreTraining", "RobertaForMaskedLM",
                                                "XLMRobertaForMaskedLM", "DistilBertForMaskedLM", "AlbertForMaskedLM",
                                                "AlbertForPreTraining", "ElectraForMaskedLM", "DebertaV2ForMaskedLM",
-                                               "ModernBertForMaskedLM", "MPNetForMaskedLM")
+                                               "ModernBertForMaskedLM", "MPNetForMaskedLM",
+                                               "CamembertForMaskedLM")

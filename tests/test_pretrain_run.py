@@ -290,16 +290,17 @@ def test_two_runs_that_train_their_vocabulary_are_bitwise_equal(tmp_path, corpus
 # BPE, or SentencePiece Unigram with XLM-R's or ALBERT's specials), and writes what transformers' class loads.
 ARCHS = {"roberta": "RobertaForMaskedLM", "xlm-roberta": "XLMRobertaForMaskedLM", "distilbert": "DistilBertForMaskedLM",
          "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining", "deberta-v2": "DebertaV2ForMaskedLM",
-         "modernbert": "ModernBertForMaskedLM"}
+         "modernbert": "ModernBertForMaskedLM", "mpnet": "MPNetForMaskedLM", "camembert": "CamembertForMaskedLM"}
 TOKENIZER_CLASS = {"roberta": "RobertaTokenizer", "xlm-roberta": "XLMRobertaTokenizer",
                    "distilbert": "DistilBertTokenizer", "albert": "AlbertTokenizer", "electra": "ElectraTokenizer",
-                   "deberta-v2": "DebertaV2Tokenizer", "modernbert": "PreTrainedTokenizerFast"}
+                   "deberta-v2": "DebertaV2Tokenizer", "modernbert": "PreTrainedTokenizerFast",
+                   "mpnet": "MPNetTokenizer", "camembert": "CamembertTokenizer"}
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_pretrain_each_architecture(tmp_path, corpus, arch):
     transformers = pytest.importorskip("transformers")
-    if arch in ("albert", "xlm-roberta", "deberta-v2"):
+    if arch in ("albert", "xlm-roberta", "deberta-v2", "camembert"):
         pytest.importorskip("sentencepiece")
     out = tmp_path / "run"
     result = pretrain(str(corpus), "--arch", arch, "--model", "L2-H64", "--seq-len", "32", "--batch-size", "8",
@@ -335,8 +336,11 @@ def test_pretrain_each_architecture(tmp_path, corpus, arch):
         torch.testing.assert_close(generator.electra.embeddings.word_embeddings.weight,
                                    model.electra.embeddings.word_embeddings.weight, atol=0, rtol=0)
         assert "rtd_acc" in (out / "pretrain_results.json").read_text()
-    if "roberta" in arch:
+    if "roberta" in arch or arch == "camembert":
         assert config["max_position_embeddings"] == 514 and config["type_vocab_size"] == 1
+    if arch == "mpnet":  # RoBERTa's positions, no segments, the padding id its positions count from
+        assert config["max_position_embeddings"] == 514 and config["pad_token_id"] == 1 and "type_vocab_size" not in config
+        assert "token_type_ids" not in tok("a", "b") and tok.pad_token_id == 1
     if arch == "distilbert":
         assert "token_type_ids" not in tok("a b")
     if arch == "deberta-v2":  # shaped as v3: relative positions in buckets, no absolute positions, no segments

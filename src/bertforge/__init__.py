@@ -28,7 +28,8 @@ _EXPORTS = {
         "RobertaConfig", "RobertaModel", "RobertaForMaskedLM", "RobertaForSequenceClassification",
         "RobertaForTokenClassification", "RobertaForQuestionAnswering", "XLMRobertaConfig", "XLMRobertaModel",
         "XLMRobertaForMaskedLM", "XLMRobertaForSequenceClassification", "XLMRobertaForTokenClassification",
-        "XLMRobertaForQuestionAnswering")},
+        "XLMRobertaForQuestionAnswering", "CamembertConfig", "CamembertModel", "CamembertForMaskedLM",
+        "CamembertForSequenceClassification", "CamembertForTokenClassification", "CamembertForQuestionAnswering")},
     **{name: "models.distilbert" for name in (
         "DistilBertConfig", "DistilBertModel", "DistilBertForMaskedLM", "DistilBertForSequenceClassification",
         "DistilBertForTokenClassification", "DistilBertForQuestionAnswering")},

@@ -37,7 +37,9 @@ from .mpnet import (MPNetConfig, MPNetForMaskedLM, MPNetForQuestionAnswering, MP
 from .heads import (BertForMaskedLM, BertForNextSentencePrediction, BertForPreTraining, BertForQuestionAnswering,
                     BertForSequenceClassification, BertForTokenClassification)
 from .roberta import HF_NAMES as ROBERTA_NAMES
-from .roberta import (RobertaConfig, RobertaForMaskedLM, RobertaForQuestionAnswering, RobertaForSequenceClassification,
+from .roberta import (CamembertConfig, CamembertForMaskedLM, CamembertForQuestionAnswering,
+                      CamembertForSequenceClassification, CamembertForTokenClassification, CamembertModel,
+                      RobertaConfig, RobertaForMaskedLM, RobertaForQuestionAnswering, RobertaForSequenceClassification,
                       RobertaForTokenClassification, RobertaModel, XLMRobertaConfig, XLMRobertaForMaskedLM,
                       XLMRobertaForQuestionAnswering, XLMRobertaForSequenceClassification,
                       XLMRobertaForTokenClassification, XLMRobertaModel)
@@ -134,7 +136,7 @@ BERT = Family("bert", BertConfig, BertModel, BERT_NAMES, "wordpiece", (
 
 
 def roberta_family(model_type: str, config: type, tokenizer: tuple[str, str], classes: tuple[type, ...]) -> Family:
-    """RoBERTa and XLM-RoBERTa: one layout, two sets of names (base, masked-LM, classifier, tagger, QA).
+    """RoBERTa, XLM-RoBERTa and CamemBERT: one layout, three sets of names (base, masked-LM, classifier, tagger, QA).
     RoBERTa pretrains with masked-LM alone, so its masked-LM model is also its pretraining model."""
     backbone, mlm, seq, tok, qa = classes
     return Family(model_type, config, backbone, ROBERTA_NAMES, tokenizer[0], (
@@ -148,6 +150,9 @@ ROBERTA = roberta_family("roberta", RobertaConfig, ("bpe", "RobertaTokenizer"), 
 XLM_ROBERTA = roberta_family("xlm-roberta", XLMRobertaConfig, ("unigram", "XLMRobertaTokenizer"), (
     XLMRobertaModel, XLMRobertaForMaskedLM, XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification,
     XLMRobertaForQuestionAnswering))
+CAMEMBERT = roberta_family("camembert", CamembertConfig, ("unigram", "CamembertTokenizer"), (
+    CamembertModel, CamembertForMaskedLM, CamembertForSequenceClassification, CamembertForTokenClassification,
+    CamembertForQuestionAnswering))
 
 DISTILBERT = Family("distilbert", DistilBertConfig, DistilBertModel, DISTILBERT_NAMES, "wordpiece", (
     base(DistilBertModel, pooler=False), masked_lm(DistilBertForMaskedLM, "vocab_projector."),
@@ -196,7 +201,7 @@ MPNET = Family("mpnet", MPNetConfig, MPNetModel, MPNET_NAMES, "wordpiece", (
 ), tokenizer_class="MPNetTokenizer")
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA,
-                                                         DEBERTA_V2, MODERNBERT, MPNET)}
+                                                         DEBERTA_V2, MODERNBERT, MPNET, CAMEMBERT)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}

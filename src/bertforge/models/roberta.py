@@ -12,7 +12,8 @@ reader must know is therefore small, and it is all here:
    LayerNorm -> tied decoder), whatever `hidden_act` says; the sentence classifier reads the `<s>`
    token's state through its own `dense -> tanh -> out_proj` (there is no pooler in front of it).
 XLM-RoBERTa (Conneau et al., 2020) is the same network with a 250k SentencePiece vocabulary;
-only its names differ.
+only its names differ. CamemBERT (Martin et al., 2020) is RoBERTa's network under its own model_type, with a
+SentencePiece vocabulary numbered as fairseq numbers it (its tokenizer, `tokenization/unigram.py`, differs from XLM-R's).
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ class XLMRobertaConfig(RobertaConfig):
     """transformers' XLMRobertaConfig: the same fields and defaults as BERT's, but the padding id 1."""
 
     model_type = "xlm-roberta"
+    vocab_size: int = 30522
+
+
+@dataclass
+class CamembertConfig(RobertaConfig):
+    """transformers' CamembertConfig: BERT's fields and defaults, with the padding id 1, as XLM-R's."""
+
+    model_type = "camembert"
     vocab_size: int = 30522
 
 
@@ -148,3 +157,30 @@ HF_NAMES = NameTable(
     derived=r"(^|\.)embeddings\.position_ids$|(^|\.)embeddings\.token_type_ids$|^lm_head\.decoder\.bias$",
     tied_decoder="lm_head.decoder.weight",
 )
+
+
+# CamemBERT: the same classes under its own names (its checkpoints keep RoBERTa's `roberta.` prefix).
+class CamembertModel(RobertaModel):
+    model_type, hf_architecture = "camembert", "CamembertModel"
+
+
+class CamembertHead:
+    """CamemBERT's heads: RoBERTa's, under CamemBERT's model_type and backbone."""
+
+    model_type, backbone_class = "camembert", CamembertModel
+
+
+class CamembertForMaskedLM(CamembertHead, RobertaForMaskedLM):
+    hf_architecture = "CamembertForMaskedLM"
+
+
+class CamembertForSequenceClassification(CamembertHead, RobertaForSequenceClassification):
+    hf_architecture = "CamembertForSequenceClassification"
+
+
+class CamembertForTokenClassification(CamembertHead, RobertaForTokenClassification):
+    hf_architecture = "CamembertForTokenClassification"
+
+
+class CamembertForQuestionAnswering(CamembertHead, RobertaForQuestionAnswering):
+    hf_architecture = "CamembertForQuestionAnswering"

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import TokenizerError
 from .base import Tokenizer
 from .bpe import ByteLevelBPETokenizer
-from .unigram import AlbertTokenizer, DebertaV2Tokenizer, UnigramTokenizer
+from .unigram import AlbertTokenizer, CamembertTokenizer, DebertaV2Tokenizer, UnigramTokenizer
 from .verbatim import VerbatimTokenizer
 from .wordpiece import MPNetTokenizer, WordPieceTokenizer
 
@@ -44,11 +44,11 @@ def _names_class(path: Path, classes: set[str]) -> bool:
 
 # The SentencePiece Unigram pipelines, by the tokenizer_class or model_type that names each, and its model file.
 _UNIGRAM_PIPELINES = ((AlbertTokenizer, {"albert"}), (DebertaV2Tokenizer, {"deberta-v2"}),
-                      (UnigramTokenizer, {"xlm-roberta"}))
+                      (CamembertTokenizer, {"camembert"}), (UnigramTokenizer, {"xlm-roberta"}))
 
 
 def _unigram_pipeline(path: Path) -> type[UnigramTokenizer]:
-    """Which Unigram pipeline a directory holds (XLM-R's, ALBERT's or DeBERTa's): tokenizer_config.json's
+    """Which Unigram pipeline a directory holds (XLM-R's, ALBERT's, DeBERTa's or CamemBERT's): tokenizer_config.json's
     tokenizer_class or, naming none, config.json's model_type, or else the name of its SentencePiece file
     (sentencepiece.bpe.model, spiece.model, spm.model): the pipelines differ only in their settings."""
     for name, key in (("tokenizer_config.json", "tokenizer_class"), ("config.json", "model_type")):

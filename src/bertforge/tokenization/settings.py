@@ -33,12 +33,13 @@ ALBERT_SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CL
 
 def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: bool,
                            defaults: dict[str, str] = SENTENCE_SPECIALS,
-                           flags: dict[str, bool] | None = None) -> dict[str, Any]:
+                           flags: dict[str, bool] | None = None, unused: tuple[str, ...] = ()) -> dict[str, Any]:
     """{specials, model_max_length, add_prefix_space, trim_offsets, clean_up_spaces, *flags} of a checkpoint directory.
 
     classes: the tokenizer_class names that are this pipeline; default_prefix_space: transformers' default
     of add_prefix_space for it (RoBERTa False, XLM-R True); defaults: its special tokens; flags: the
-    pipeline's own true/false settings with their defaults (ALBERT's do_lower_case, keep_accents).
+    pipeline's own true/false settings with their defaults (ALBERT's do_lower_case, keep_accents); unused: special
+    tokens the pipeline always has besides the roles' (CamemBERT's NOTUSED pieces), which files may list.
     """
     flags = flags or {}
     config_file, config, _, specials = read_special_tokens(path, defaults)
@@ -58,7 +59,7 @@ def read_sentence_settings(path: Path, classes: set[str], default_prefix_space: 
     refuse_unless("padding_side", lambda v: v == "right", "bertforge pads on the right")
     refuse_unless("truncation_side", lambda v: v == "right", "bertforge truncates on the right")
     refuse_unless("split_special_tokens", lambda v: v is False, "special tokens typed in the text are kept whole")
-    own = set(specials.values())
+    own = set(specials.values()) | set(unused)
     for key in ("additional_special_tokens", "extra_special_tokens"):
         # transformers 5 lists the tokenizer's own special tokens here on saving (DeBERTa's): those add nothing.
         refuse_unless(key, lambda v: not v or (isinstance(v, list) and set(v) <= own),

@@ -43,9 +43,11 @@ class SubwordTokenizer(Tokenizer):
     needs_prefix_space_for_words: ClassVar[bool] = False  # pre-split words need add_prefix_space (BPE)
     default_specials: ClassVar[dict[str, str]] = SENTENCE_SPECIALS  # the special tokens transformers defaults
     flags: ClassVar[dict[str, bool]] = {}  # the pipeline's own true/false settings in tokenizer_config.json
+    unused: ClassVar[tuple[str, ...]] = ()  # special tokens the pipeline has besides the roles' (CamemBERT's)
 
     def __init__(self, backend: Backend, settings: dict[str, Any]) -> None:
-        super().__init__(backend, model_max_length=settings["model_max_length"], specials=settings["specials"])
+        super().__init__(backend, model_max_length=settings["model_max_length"], specials=settings["specials"],
+                         extra_specials=[t for t in self.unused if backend.token_to_id(t) is not None])
         self.settings = settings
 
     # ----------------------------------------------------------------- loading
@@ -55,7 +57,8 @@ class SubwordTokenizer(Tokenizer):
         path = Path(path)
         if not path.is_dir():
             raise TokenizerError(f"{path}: no such tokenizer directory")
-        settings = read_sentence_settings(path, cls.classes, cls.default_prefix_space, cls.default_specials, cls.flags)
+        settings = read_sentence_settings(path, cls.classes, cls.default_prefix_space, cls.default_specials, cls.flags,
+                                          cls.unused)
         json_file = path / "tokenizer.json"
         added: list[dict[str, Any]] = []
         if json_file.is_file():

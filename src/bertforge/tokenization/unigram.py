@@ -43,7 +43,7 @@ class UnigramTokenizer(SubwordTokenizer):
         if path.is_dir() and not (path / "tokenizer.json").is_file() and (path / cls.spm_file).is_file():
             model = read_model(path / cls.spm_file)
             settings = read_sentence_settings(path, cls.classes, cls.default_prefix_space, cls.default_specials,
-                                              cls.flags)
+                                              cls.flags, cls.unused)
             backend = cls._unigram(cls._vocab_of(model), cls._unk_of(model))
             charsmap = {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(model.charsmap).decode()}
             return cls._assemble(backend, settings, [], charsmap if model.charsmap else None, path)
@@ -111,6 +111,39 @@ class UnigramTokenizer(SubwordTokenizer):
         single, pair = cls._pair_template(bos, eos)
         backend.post_processor = processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=[(bos, backend.token_to_id(bos)), (eos, backend.token_to_id(eos))])
+
+
+class CamembertTokenizer(UnigramTokenizer):
+    """CamemBERT's tokenizer: XLM-R's pipeline on fairseq's other numbering of a SentencePiece model. fairseq put
+    its four specials in front of every SentencePiece piece (`<s>NOTUSED` `<pad>` `</s>NOTUSED` `<unk>`, then the
+    model's own `<unk>` as `<unk>NOTUSED`, its `<s>` and `</s>` at 5 and 6, ...), where XLM-R's replaced the model's
+    first three; `<mask>` comes last, taking the space before it, and the three NOTUSED pieces are special tokens."""
+
+    kind, transformers_class = "SentencePiece Unigram (CamemBERT)", "CamembertTokenizer"
+    classes = {"CamembertTokenizer", "CamembertTokenizerFast"}
+    # A new vocabulary's first pieces: fairseq's layout, the model's own <s> and </s> at 5 and 6, then <mask>.
+    trained_specials = ["<s>NOTUSED", "<pad>", "</s>NOTUSED", "<unk>", "<unk>NOTUSED", "<s>", "</s>", "<mask>"]
+    unused = ("<s>NOTUSED", "</s>NOTUSED", "<unk>NOTUSED")
+
+    @classmethod
+    def _vocab_of(cls, model: SentencePieceModel) -> list[tuple[str, float]]:
+        """transformers' CamemBERT vocabulary of a fairseq SentencePiece model: the five fixed pieces (the model's
+        `<unk>` demoted to -100 so it is never chosen), every piece but the model's first, then `<mask>`."""
+        return ([("<s>NOTUSED", 0.0), ("<pad>", 0.0), ("</s>NOTUSED", 0.0), ("<unk>", 0.0), ("<unk>NOTUSED", -100.0)]
+                + [(p, s) for p, s, _ in model.pieces[1:]] + [("<mask>", 0.0)])
+
+    @classmethod
+    def _assemble(cls, backend: Backend, settings: dict[str, Any], added: list[dict[str, Any]],
+                  normalizer_spec: dict | None, source: Path) -> "SubwordTokenizer":
+        """XLM-R's assembly, plus what transformers' CamembertTokenizer adds whatever the files say: the mask token
+        takes the space before it, and the NOTUSED pieces are special (typed in text, each is one token)."""
+        declared = {t.get("content") for t in added}
+        mask = settings["specials"]["mask_token"]
+        extra = [{"content": t, "special": True, "normalized": False} for t in cls.unused
+                 if t not in declared and backend.token_to_id(t) is not None]
+        if mask not in declared and backend.token_to_id(mask) is not None:
+            extra.append({"content": mask, "special": True, "normalized": False, "lstrip": True})
+        return super()._assemble(backend, settings, added + extra, normalizer_spec, source)
 
 
 class AlbertTokenizer(UnigramTokenizer):
