@@ -21,6 +21,7 @@ merge them by hand).
 
     python -m benchmarks.embed_vs_st [--seeds 1,2,3] [--pairs 2048] [--mined] [--trainers sentence-transformers]
     python -m benchmarks.embed_vs_st --speed-only --seeds 1,2 --pairs 512   # speed alone, on a quiet machine
+    python -m benchmarks.embed_vs_st --model DIR ...   # another starting checkpoint (all-mpnet-base-v2's directory)
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def main() -> None:
     parser.add_argument("--mined", action="store_true", help="train on the ladder's mined rows (see the docstring)")
     parser.add_argument("--trainers", default="bertforge,sentence-transformers",
                         help="the trainers to run (one alone, to finish a stopped run's seeds)")
+    parser.add_argument("--model", help="the checkpoint both start from (default all-MiniLM-L6-v2; all-mpnet-base-v2's "
+                                         "directory for the base-size run, results then in embed_vs_st_<name>.json)")
     parser.add_argument("--st-run", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.st_run:
@@ -107,7 +110,7 @@ def main() -> None:
         speed_only(args)
         return
     seeds = [int(s) for s in args.seeds.split(",")]
-    model = minilm_dir()
+    model = Path(args.model) if args.model else minilm_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         from bertforge.retrieval.squad import squad_retrieval
@@ -124,7 +127,7 @@ def main() -> None:
         print(f"zero-shot nDCG@10 {zero_shot['ndcg@10']:.4f}", flush=True)
         trainers = [t for t in ("bertforge", "sentence-transformers") if t in args.trainers.split(",")]
         runs = {name: {"seconds": [], "ndcg@10": [], "recall@10": []} for name in trainers}
-        name_ = "embed_vs_st" + ("_mined" if args.mined else "")
+        name_ = "embed_vs_st" + ("_mined" if args.mined else "") + (f"_{model.name}" if args.model else "")
         for seed in seeds:
             for name in runs:
                 out = tmp / f"{name}-{seed}"
@@ -158,7 +161,7 @@ def speed_only(args: argparse.Namespace) -> None:
     from bertforge.retrieval.squad import squad_retrieval
 
     seeds = [int(s) for s in args.seeds.split(",")]
-    model = minilm_dir()
+    model = Path(args.model) if args.model else minilm_dir()
     seconds: dict[str, list[float]] = {"bertforge": [], "sentence-transformers": []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -178,7 +181,7 @@ def speed_only(args: argparse.Namespace) -> None:
               **{f"{n}_examples_per_s": [args.pairs / s for s in v] for n, v in seconds.items()},
               "ratio_per_round": ratios, "ratio_median": statistics.median(ratios)}
     print(json.dumps(result, indent=2))
-    save("embed_vs_st_speed", result)
+    save("embed_vs_st_speed" + (f"_{model.name}" if args.model else ""), result)
 
 
 if __name__ == "__main__":
