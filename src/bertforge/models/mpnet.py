@@ -30,8 +30,8 @@ from ..errors import ConfigError
 from .base import NameTable
 from .config import RenamedConfig
 from .padding import Packing
-from .roberta import (RobertaForMaskedLM, RobertaForQuestionAnswering, RobertaForSequenceClassification,
-                      RobertaForTokenClassification, RobertaModel)
+from .roberta import HF_NAMES as ROBERTA_NAMES
+from .roberta import RobertaModel, heads_under
 
 BUCKETS = 32  # what transformers' MPNet computes, whatever relative_attention_num_buckets says (point 2)
 MAX_DISTANCE = 128
@@ -112,27 +112,9 @@ class MPNetModel(RobertaModel):
             yield x, probs
 
 
-class MPNetHead:
-    """What every MPNet head says of its family: its model_type, and its backbone and that backbone's name."""
-
-    model_type, base_model_prefix, backbone_class = "mpnet", "mpnet", MPNetModel
-
-
 # RoBERTa's heads (point 4) under MPNet's names and backbone, as XLM-R's are.
-class MPNetForMaskedLM(MPNetHead, RobertaForMaskedLM):
-    hf_architecture = "MPNetForMaskedLM"
-
-
-class MPNetForSequenceClassification(MPNetHead, RobertaForSequenceClassification):
-    hf_architecture = "MPNetForSequenceClassification"
-
-
-class MPNetForTokenClassification(MPNetHead, RobertaForTokenClassification):
-    hf_architecture = "MPNetForTokenClassification"
-
-
-class MPNetForQuestionAnswering(MPNetHead, RobertaForQuestionAnswering):
-    hf_architecture = "MPNetForQuestionAnswering"
+MPNetForMaskedLM, MPNetForSequenceClassification, MPNetForTokenClassification, MPNetForQuestionAnswering = heads_under(
+    "MPNet", "mpnet", MPNetModel, base_model_prefix="mpnet")
 
 
 # bertforge module name -> transformers module name (point 3), then RoBERTa's head names (point 4).
@@ -152,16 +134,7 @@ HF_NAMES = NameTable(
         ("relative_attention_bias", "encoder.relative_attention_bias"),
         ("pooler.dense", "pooler.dense"),
     ),
-    heads=(
-        ("mlm.transform.dense", "lm_head.dense"),
-        ("mlm.transform.norm", "lm_head.layer_norm"),
-        ("mlm.bias", "lm_head.bias"),
-        ("mlm.decoder", "lm_head.decoder"),  # only with tie_word_embeddings: false
-        ("classifier.dense", "classifier.dense"),
-        ("classifier.out_proj", "classifier.out_proj"),
-        ("classifier", "classifier"),
-        ("qa_outputs", "qa_outputs"),
-    ),
+    heads=ROBERTA_NAMES.heads,
     prefix="mpnet",
     derived=r"(^|\.)embeddings\.position_ids$|^lm_head\.decoder\.bias$",
     tied_decoder="lm_head.decoder.weight",

@@ -113,31 +113,33 @@ class RobertaForQuestionAnswering(RobertaHead, BertForQuestionAnswering):
     hf_architecture = "RobertaForQuestionAnswering"
 
 
-# XLM-RoBERTa: the same classes under its own names.
+def heads_under(prefix: str, model_type: str, backbone: type[RobertaModel],
+                base_model_prefix: str = "roberta") -> tuple[type, type, type, type]:
+    """RoBERTa's four heads under another family's names (XLM-R, CamemBERT, MPNet): each is RoBERTa's class with the
+    family's model_type, backbone and transformers class name, `<prefix>ForMaskedLM` ... `<prefix>ForQuestionAnswering`."""
+    family = {"model_type": model_type, "backbone_class": backbone, "base_model_prefix": base_model_prefix,
+              "__module__": backbone.__module__}
+    return tuple(type(f"{prefix}{kind}", (head,), {**family, "hf_architecture": f"{prefix}{kind}",
+                                                   "__qualname__": f"{prefix}{kind}"})
+                 for kind, head in (("ForMaskedLM", RobertaForMaskedLM),
+                                    ("ForSequenceClassification", RobertaForSequenceClassification),
+                                    ("ForTokenClassification", RobertaForTokenClassification),
+                                    ("ForQuestionAnswering", RobertaForQuestionAnswering)))
+
+
+# XLM-RoBERTa and CamemBERT: the same classes under their own names (both keep RoBERTa's `roberta.` checkpoint prefix).
 class XLMRobertaModel(RobertaModel):
     model_type, hf_architecture = "xlm-roberta", "XLMRobertaModel"
 
 
-class XLMRobertaHead:
-    """XLM-R's heads: RoBERTa's, under XLM-R's model_type and backbone."""
-
-    model_type, backbone_class = "xlm-roberta", XLMRobertaModel
+class CamembertModel(RobertaModel):
+    model_type, hf_architecture = "camembert", "CamembertModel"
 
 
-class XLMRobertaForMaskedLM(XLMRobertaHead, RobertaForMaskedLM):
-    hf_architecture = "XLMRobertaForMaskedLM"
-
-
-class XLMRobertaForSequenceClassification(XLMRobertaHead, RobertaForSequenceClassification):
-    hf_architecture = "XLMRobertaForSequenceClassification"
-
-
-class XLMRobertaForTokenClassification(XLMRobertaHead, RobertaForTokenClassification):
-    hf_architecture = "XLMRobertaForTokenClassification"
-
-
-class XLMRobertaForQuestionAnswering(XLMRobertaHead, RobertaForQuestionAnswering):
-    hf_architecture = "XLMRobertaForQuestionAnswering"
+(XLMRobertaForMaskedLM, XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification,
+ XLMRobertaForQuestionAnswering) = heads_under("XLMRoberta", "xlm-roberta", XLMRobertaModel)
+(CamembertForMaskedLM, CamembertForSequenceClassification, CamembertForTokenClassification,
+ CamembertForQuestionAnswering) = heads_under("Camembert", "camembert", CamembertModel)
 
 
 # bertforge module name -> transformers module name: BERT's backbone names under `roberta.`, and RoBERTa's heads.
@@ -157,30 +159,3 @@ HF_NAMES = NameTable(
     derived=r"(^|\.)embeddings\.position_ids$|(^|\.)embeddings\.token_type_ids$|^lm_head\.decoder\.bias$",
     tied_decoder="lm_head.decoder.weight",
 )
-
-
-# CamemBERT: the same classes under its own names (its checkpoints keep RoBERTa's `roberta.` prefix).
-class CamembertModel(RobertaModel):
-    model_type, hf_architecture = "camembert", "CamembertModel"
-
-
-class CamembertHead:
-    """CamemBERT's heads: RoBERTa's, under CamemBERT's model_type and backbone."""
-
-    model_type, backbone_class = "camembert", CamembertModel
-
-
-class CamembertForMaskedLM(CamembertHead, RobertaForMaskedLM):
-    hf_architecture = "CamembertForMaskedLM"
-
-
-class CamembertForSequenceClassification(CamembertHead, RobertaForSequenceClassification):
-    hf_architecture = "CamembertForSequenceClassification"
-
-
-class CamembertForTokenClassification(CamembertHead, RobertaForTokenClassification):
-    hf_architecture = "CamembertForTokenClassification"
-
-
-class CamembertForQuestionAnswering(CamembertHead, RobertaForQuestionAnswering):
-    hf_architecture = "CamembertForQuestionAnswering"
