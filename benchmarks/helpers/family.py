@@ -13,8 +13,9 @@ import torch
 import bertforge
 from bertforge.models.registry import family
 from bertforge.tokenization.bpe import ByteLevelBPETokenizer
-from bertforge.tokenization.unigram import AlbertTokenizer, DebertaV2Tokenizer, UnigramTokenizer
+from bertforge.tokenization.unigram import AlbertTokenizer, CamembertTokenizer, DebertaV2Tokenizer, UnigramTokenizer
 from bertforge.tokenization.verbatim import VerbatimTokenizer
+from bertforge.tokenization.wordpiece import MPNetTokenizer
 
 from ..common import DATA, need
 
@@ -34,6 +35,8 @@ FAMILIES = {  # model_type: (transformers class prefix, tokenizer)
     "electra": ("Electra", "wordpiece"),
     "deberta-v2": ("DebertaV2", "deberta"),
     "modernbert": ("ModernBert", "modern"),
+    "mpnet": ("MPNet", "mpnet"),
+    "camembert": ("Camembert", "camembert"),
 }
 
 
@@ -95,6 +98,8 @@ def sizes_for(model_type: str, sizes: dict, index: int) -> dict:
             sizes = {MODERNBERT_NAMES.get(k, k): v for k, v in sizes.items() if k != "type_vocab_size"}
             sizes.update(MODERNBERT_IDS)
         return sizes
+    if model_type == "mpnet":  # no segments: its config has no type_vocab_size
+        return {k: v for k, v in sizes.items() if k != "type_vocab_size"}
     if model_type != "distilbert":
         return sizes
     names = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
@@ -119,8 +124,8 @@ def texts() -> tuple[list[str], list[str]]:
 
 
 def tokenizer_dir(kind: str, wiki: list[str], root: Path, model_type: str) -> Path:
-    """A tokenizer of the family, trained here (WordPiece, byte-level BPE, or SentencePiece Unigram with XLM-R's or
-    ALBERT's specials), saved by transformers."""
+    """A tokenizer of the family, trained here (WordPiece, MPNet's WordPiece, byte-level BPE, or SentencePiece
+    Unigram with XLM-R's, ALBERT's, DeBERTa's or CamemBERT's specials), saved by transformers."""
     import transformers
 
     path = root / f"tok-{model_type}"
@@ -132,7 +137,8 @@ def tokenizer_dir(kind: str, wiki: list[str], root: Path, model_type: str) -> Pa
         (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
         return path
     cls = {"bpe": ByteLevelBPETokenizer, "unigram": UnigramTokenizer, "albert": AlbertTokenizer,
-           "deberta": DebertaV2Tokenizer, "modern": VerbatimTokenizer}[kind]
+           "deberta": DebertaV2Tokenizer, "modern": VerbatimTokenizer, "mpnet": MPNetTokenizer,
+           "camembert": CamembertTokenizer}[kind]
     cls.train(texts=wiki, vocab_size=2000).save(root / f"ours-{kind}")
     transformers.AutoTokenizer.from_pretrained(root / f"ours-{kind}").save_pretrained(path)
     return path

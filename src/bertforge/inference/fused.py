@@ -195,9 +195,10 @@ def _attention(qkv: torch.Tensor, S: int, T: int, num_heads: int, mask: torch.Te
         if mask is not None:
             bias.masked_fill_(~mask, float("-inf"))
         bias = bias.transpose(0, 1)  # (1, S, 1|T, T)
-        if position_bias is not None:  # (1, nh, T, T) -> (nh, 1, T, T): the same for every sequence
-            bias = bias + position_bias.float().transpose(0, 1)
-        bias = bias.expand(num_heads, S, T, T).reshape(num_heads * S, T, T)
+        if position_bias is None:  # a view over the heads (and the queries of a key mask): nothing copied
+            bias = bias.expand(num_heads, S, -1, T).reshape(num_heads * S, -1, T).expand(-1, T, -1)
+        else:  # (1, nh, T, T) -> (nh, 1, T, T), the same for every sequence, added once
+            bias = (bias + position_bias.float().transpose(0, 1)).reshape(num_heads * S, T, T)
         scores = torch.baddbmm(bias, q, k.transpose(1, 2))
     probs = scores.softmax(dim=-1)
     if mask is not None and not bool(mask.any(dim=-1).all()):

@@ -135,8 +135,9 @@ class CamembertTokenizer(UnigramTokenizer):
     @classmethod
     def _assemble(cls, backend: Backend, settings: dict[str, Any], added: list[dict[str, Any]],
                   normalizer_spec: dict | None, source: Path) -> "SubwordTokenizer":
-        """XLM-R's assembly, plus what transformers' CamembertTokenizer adds whatever the files say: the mask token
-        takes the space before it, and the NOTUSED pieces are special (typed in text, each is one token)."""
+        """XLM-R's assembly, plus what transformers' CamembertTokenizer adds where tokenizer.json does not declare them:
+        the mask token takes the space before it, and the NOTUSED pieces are special (typed in text, each is one
+        token). A declared token keeps its file's flags."""
         declared = {t.get("content") for t in added}
         mask = settings["specials"]["mask_token"]
         extra = [{"content": t, "special": True, "normalized": False} for t in cls.unused
