@@ -241,3 +241,45 @@ def test_the_task_table_is_what_the_cli_and_finetune_read():
     assert done.stdout.strip() == "False"
 
 
+
+
+def test_a_run_stopped_while_it_writes_its_results_resumes_to_the_same_directory(tmp_path, tiny_checkpoint,
+                                                                                   monkeypatch):
+    """A run killed after its model is written but before its curves, card and eval_results.json used to have
+    removed its checkpoints already: `--resume` refused ("nothing to resume") and the directory stayed half-written.
+    The checkpoints now go last, so the resume finishes the run (no step trained) with the uninterrupted run's files."""
+    import bertforge.viz
+    from safetensors.torch import load_file
+
+    train = slice_file(shared("glue", "RTE", "train.tsv"), tmp_path / "train.tsv", 33)
+    dev = slice_file(shared("glue", "RTE", "dev.tsv"), tmp_path / "dev.tsv", 17)
+
+    def run(out: Path, *extra: str):
+        return cli("finetune", "classify", "--model", str(tiny_checkpoint), "--train", str(train), "--dev", str(dev),
+                   "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--save-every", "2", "--seed", "1",
+                   "--out", str(out), "--json", *extra)
+
+    whole = run(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr
+    plot = bertforge.viz.plot_curves
+
+    def killed_here(*args, **kwargs):
+        raise RuntimeError("the process was killed here")
+
+    monkeypatch.setattr(bertforge.viz, "plot_curves", killed_here)
+    stopped = run(tmp_path / "killed")
+    assert stopped.returncode == 1 and "killed here" in stopped.stderr
+    assert (tmp_path / "killed" / "model.safetensors").is_file()
+    assert (tmp_path / "killed" / "checkpoints").is_dir() and not (tmp_path / "killed" / "eval_results.json").exists()
+    monkeypatch.setattr(bertforge.viz, "plot_curves", plot)
+    resumed = run(tmp_path / "killed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming at step 4" in resumed.stderr
+    assert not (tmp_path / "killed" / "checkpoints").exists() and (tmp_path / "killed" / "curves.png").is_file()
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["accuracy"] == json.loads(
+        whole.stdout.strip().splitlines()[-1])["accuracy"]
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "killed" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # Finished now: a second --resume changes nothing and says why.
+    again = run(tmp_path / "killed", "--resume")
+    assert again.returncode == 2 and "nothing to resume" in again.stderr

@@ -48,7 +48,7 @@ from ..models.distillation import cut_down, student_layers
 from ..models.registry import TASK_ARCHITECTURES
 from ..settings import DistillConfig, check_seq_len
 from ..tokenization.kinds import load_tokenizer
-from .finetune import build, run_seeds, train_and_export
+from .finetune import build, retire_checkpoints, run_seeds, train_and_export
 
 PER_TOKEN = ("ner", "qa")  # tasks whose outputs are one row per token, not one per example
 
@@ -217,6 +217,7 @@ def _run_one(cfg: DistillConfig, out: Path) -> dict[str, Any]:
         "speedup_fused": round(speed["student"] / speed["teacher"], 3),
     })
     write_text(out / "eval_results.json", dumps(results, indent=2) + "\n")
+    retire_checkpoints(out)
     return results
 
 

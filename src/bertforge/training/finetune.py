@@ -121,7 +121,15 @@ def _run_one(cfg: FinetuneConfig, out: Path, tokenizer: Tokenizer | None = None)
     results = train_and_export(cfg, out, model, task if cfg.dev else WithoutDev(task), tokenizer)
     if dist.is_main():
         write_text(out / "eval_results.json", dumps(results, indent=2) + "\n")
+        retire_checkpoints(out)
     return results
+
+
+def retire_checkpoints(out: Path) -> None:
+    """Remove OUT/checkpoints/ once the run's last file (eval_results.json) is written, and not before: a run killed
+    while it writes its model, curves, card or results still holds the checkpoint its `--resume` finishes from
+    (without a step), where removing them first left a half-written directory that `--resume` refused."""
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
 
 def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, task: Any, tokenizer: Tokenizer,
@@ -139,11 +147,9 @@ def train_and_export(cfg: FinetuneConfig, out: Path, model: torch.nn.Module, tas
     trainer = make_trainer(model, task, train_cfg, run_info, task.seq_len, tokenizer.pad_token_id)
     summary = trainer.fit(resume=cfg.resume and (out / "checkpoints").is_dir())
     trainer.restore_best()  # export the selected model, not the last one
-    dist.barrier()  # every rank is past its last checkpoint before rank 0 removes them
+    dist.barrier()  # every rank is past its last checkpoint before rank 0 writes the result (and later removes them)
     if dist.is_main():  # in a torchrun job, rank 0 writes (every rank holds the same weights)
         task.save(model, out, tokenizer)  # the task's own layout (an embedder's sentence-transformers modules)
-        # The loop's checkpoints (model + optimizer state) served the run; the export above is the result.
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
         from ..viz import plot_curves
 
         plot_curves(out / "metrics.jsonl", out / "curves.png", title=title or f"fine-tuning ({cfg.task})")
