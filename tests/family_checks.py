@@ -58,3 +58,33 @@ def small_squad(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "train.json").write_text(json.dumps(small(dev["data"][:2])))
     (tmp_path / "dev.json").write_text(json.dumps(small(dev["data"][47:48])))
     return tmp_path / "train.json", tmp_path / "dev.json"
+
+
+def assert_backends_agree_with_torch(path: Path, texts: list[str], backend: str) -> None:
+    """`predict classify` and `predict embed` on `backend` give the torch backend's numbers (within 1e-4)."""
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime")
+    for task in ("classify", "embed"):
+        ref = list(run_predict(task, str(path), texts, backend="torch"))
+        got = list(run_predict(task, str(path), texts, backend=backend))
+        if task == "classify":
+            assert [r["scores"] for r in got] == [pytest.approx(r["scores"], abs=1e-4) for r in ref]
+        else:
+            assert [r["embedding"] for r in got] == [pytest.approx(r["embedding"], abs=1e-4) for r in ref]
+
+
+def assert_onnx_gives_transformers_numbers(onnx_file: Path, theirs, vocab_size: int, pad_id: int) -> None:
+    """ONNX Runtime on the exported graph gives the transformers model's last hidden states at real tokens (1e-4),
+    on two rows of 200 tokens, one right-padded from 150: a length neither export check used."""
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    ids = torch.randint(3, vocab_size, (2, 200), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 150:] = 0
+    ids = ids.masked_fill(mask == 0, pad_id)
+    inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    hidden = session.run(None, {i.name: inputs[i.name].numpy() for i in session.get_inputs()})[0]
+    with torch.no_grad():
+        expected = theirs(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
+    keep = mask.bool().numpy()
+    assert float(abs(hidden[keep] - expected[keep]).max()) <= 1e-4

@@ -61,6 +61,10 @@ FAMILIES = {
         "AutoModelForSequenceClassification": "MPNetForSequenceClassification",
         "AutoModelForTokenClassification": "MPNetForTokenClassification",
         "AutoModelForQuestionAnswering": "MPNetForQuestionAnswering"}),
+    "gte": ("GteConfig", {
+        "AutoModel": "GteModel", "AutoModelForMaskedLM": "GteForMaskedLM",
+        "AutoModelForSequenceClassification": "GteForSequenceClassification",
+        "AutoModelForTokenClassification": "GteForTokenClassification"}),
 }
 
 
@@ -145,7 +149,16 @@ MPNET_SHAPES = {
 }
 
 
-SHAPES_OF = {"mpnet": MPNET_SHAPES, "distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES,
+# GTE: gte-base-en-v1.5's shape (no segments, rotary base 160,000 by default) with padding id 0; then one segment
+# row as the multilingual checkpoints, an untied decoder, ReLU in the gated feed-forward (the LM head stays exact
+# GELU) and another rotary base in the older top-level form.
+GTE_SHAPES = {
+    "base": {**SHAPES["base"], "type_vocab_size": 0, "pad_token_id": 0},
+    "untied-relu": {**SHAPES["untied-relu"], "type_vocab_size": 1, "rope_theta": 500.0},
+}
+
+
+SHAPES_OF = {"gte": GTE_SHAPES, "mpnet": MPNET_SHAPES, "distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES,
              "deberta-v2": DEBERTA_SHAPES, "modernbert": MODERNBERT_SHAPES}
 
 

@@ -20,7 +20,8 @@ from bertforge.errors import ConfigError  # noqa: E402
 from bertforge.inference.predict import run_predict  # noqa: E402
 
 from conftest import corpus, perturbed, sst2_sentences  # noqa: E402
-from family_checks import assert_embeds_as_sentence_transformers, assert_fill_mask_as_transformers  # noqa: E402
+from family_checks import (assert_backends_agree_with_torch, assert_embeds_as_sentence_transformers,  # noqa: E402
+                           assert_fill_mask_as_transformers, assert_onnx_gives_transformers_numbers)
 
 LONG = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
             max_position_embeddings=302, layer_norm_eps=1e-5)
@@ -145,22 +146,13 @@ def test_fill_mask_and_embed_as_the_references(mpnet_dirs):
 
 @pytest.mark.parametrize("backend", ["fused", "onnx"])
 def test_backends_agree_with_torch(mpnet_dirs, backend):
-    if backend == "onnx":
-        pytest.importorskip("onnxruntime")
-    path = str(mpnet_dirs["classifier"])
-    for task in ("classify", "embed"):
-        ref = list(run_predict(task, path, TEXTS, backend="torch"))
-        got = list(run_predict(task, path, TEXTS, backend=backend))
-        if task == "classify":
-            assert [r["scores"] for r in got] == [pytest.approx(r["scores"], abs=1e-4) for r in ref]
-        else:
-            assert [r["embedding"] for r in got] == [pytest.approx(r["embedding"], abs=1e-4) for r in ref]
+    assert_backends_agree_with_torch(mpnet_dirs["classifier"], TEXTS, backend)
 
 
 def test_onnx_export_is_checked_at_two_lengths_past_the_buckets(tmp_path):
     """`export onnx` checks its graph at a short and a long length (past 128, where the far buckets are), and
     ONNX Runtime gives transformers' numbers at a third length."""
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from bertforge.inference.export import export_onnx
 
@@ -168,18 +160,7 @@ def test_onnx_export_is_checked_at_two_lengths_past_the_buckets(tmp_path):
     report = export_onnx(str(tmp_path / "ckpt"), str(tmp_path / "m.onnx"))
     assert len(report["checked_lengths"]) == 2 and max(report["checked_lengths"]) > 128
     assert report["max_abs_diff_fp32"] <= 1e-4
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    ids = torch.randint(3, 120, (2, 200), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, 150:] = 0
-    ids = ids.masked_fill(mask == 0, 1)
-    feeds = {i.name: {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}[i.name].numpy()
-             for i in session.get_inputs()}
-    hidden = session.run(None, feeds)[0]
-    with torch.no_grad():
-        expected = theirs(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
-    keep = mask.bool().numpy()
-    assert float(abs(hidden[keep] - expected[keep]).max()) <= 1e-4
+    assert_onnx_gives_transformers_numbers(tmp_path / "m.onnx", theirs, 120, 1)
 
 
 def test_all_mpnet_base_v2_embeds_as_sentence_transformers(mpnet_dir):

@@ -49,6 +49,8 @@ _EXPORTS = {
         "MPNetConfig", "MPNetModel", "MPNetForMaskedLM", "MPNetForSequenceClassification",
         "MPNetForTokenClassification", "MPNetForQuestionAnswering")},
     "MPNetTokenizer": "tokenization.wordpiece",
+    **{name: "models.gte" for name in (
+        "GteConfig", "GteModel", "GteForMaskedLM", "GteForSequenceClassification", "GteForTokenClassification")},
     "AutoConfig": "interop.auto", "AutoModel": "interop.auto", "AutoModelForPreTraining": "interop.auto",
     "AutoModelForMaskedLM": "interop.auto", "AutoModelForNextSentencePrediction": "interop.auto",
     "AutoModelForSequenceClassification": "interop.auto", "AutoModelForTokenClassification": "interop.auto",

@@ -105,7 +105,8 @@ def to_hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if _untied_decoder(model) and head_bias in state and decoder_bias != head_bias:
         # transformers 5 gives an untied decoder a bias of its own and uses it; write our one bias under both names.
         state[decoder_bias] = state[head_bias].clone()
-    return state
+    table = names_of(model)
+    return table.written(state) if table.written is not None else state
 
 
 def _mlm_bias_keys(table: NameTable) -> tuple[str, str]:
@@ -133,6 +134,9 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     shape differs is left newly initialised instead, as transformers' ignore_mismatched_sizes.
     """
     state = dict(state)
+    table = names_of(model)
+    if table.original is not None:  # the family's original layout, as transformers converts it on load
+        state = table.original(state)
     # Checkpoints converted from TensorFlow name LayerNorm parameters gamma and beta.
     for key in list(state):
         if key.endswith(".gamma") or key.endswith(".beta"):
@@ -140,7 +144,6 @@ def from_hf_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     # The MLM output bias: transformers ties decoder.bias to cls.predictions.bias, except that an untied
     # decoder (tie_word_embeddings: false) in transformers 5 adds its own decoder.bias, which is the one used.
     untied = _untied_decoder(model)
-    table = names_of(model)
     head_bias, decoder_bias = _mlm_bias_keys(table)
     if decoder_bias in state and (untied or head_bias not in state):
         state[head_bias] = state[decoder_bias]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -29,6 +30,11 @@ class NameTable:
         prefix (`bert` for `bert.encoder.layer.0...`).
     derived: a regex of checkpoint keys that carry no information of their own (buffers, tied copies).
     tied_decoder: the MLM decoder matrix's key, a copy of the word embeddings unless the config unties it.
+    original: for a family whose checkpoints on the Hub hold another layout than transformers 5 writes (GTE's fused
+        QKV, under `new.`), a function from such a state dict to transformers' names, applied before the table;
+        it returns a state dict already in transformers' layout unchanged.
+    written: for such a family, the function from transformers' runtime names to the layout its `save_pretrained`
+        writes (the table names the runtime modules, one bertforge module each); None: the table's names are written.
     """
 
     backbone: tuple[tuple[str, str], ...]
@@ -36,6 +42,8 @@ class NameTable:
     prefix: str
     derived: str
     tied_decoder: str
+    original: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    written: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 class ModelOutput:

@@ -290,6 +290,20 @@ class BertConfig:
         write_text(path, json.dumps(dict(sorted(data.items())), indent=2) + "\n")
 
 
+def default_rope(entry: dict[str, Any], default: float, where: str) -> dict[str, Any]:
+    """One rotary setting (`rope_parameters`, or one layer kind's), with transformers' default base filled in:
+    {"rope_type": "default", "rope_theta": float}. Any other rotary variant (linear, dynamic, yarn, ...) or a base
+    that is not positive is refused, `where` naming the key (e.g. "config key 'rope_parameters' gives ")."""
+    entry = {"rope_type": "default", "rope_theta": default, **entry}
+    if entry["rope_type"] != "default" or set(entry) - {"rope_type", "rope_theta"}:
+        raise ConfigError(f"{where}{entry!r}; bertforge computes the default rotary embedding only (rope_type "
+                          "'default', rope_theta), without scaling")
+    theta = entry["rope_theta"]
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise ConfigError(f"{where}rope_theta {theta!r}; it must be positive")
+    return {"rope_type": "default", "rope_theta": float(theta)}
+
+
 @dataclass
 class RenamedConfig(BertConfig):
     """A family config whose transformers class names some of BERT's settings differently (DistilBERT's `dim`,

@@ -53,13 +53,15 @@ class Embeddings(nn.Module):
 
     position_padding_idx: the position id padding tokens get, whose row is never trained (RoBERTa's
     `pad_token_id`); None for BERT, whose padding takes ordinary positions.
+    positions: False for a family whose positions are rotary (GTE, NomicBERT): no position table.
     """
 
-    def __init__(self, config: BertConfig, position_padding_idx: int | None = None) -> None:
+    def __init__(self, config: BertConfig, position_padding_idx: int | None = None, positions: bool = True) -> None:
         super().__init__()
         E = config.embedding_width  # the hidden size, or ALBERT's and ELECTRA's narrower embedding_size
         self.word = TiedEmbedding(config.vocab_size, E, padding_idx=config.pad_token_id)  # a tied decoder shares it
-        self.position = nn.Embedding(config.max_position_embeddings, E, padding_idx=position_padding_idx)
+        self.position = (nn.Embedding(config.max_position_embeddings, E, padding_idx=position_padding_idx)
+                         if positions else None)
         # DistilBERT has no segment embeddings (type_vocab_size 0): token_type_ids are then ignored.
         self.segment = nn.Embedding(config.type_vocab_size, E) if config.type_vocab_size else None
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
@@ -68,7 +70,9 @@ class Embeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor) -> torch.Tensor:
         """input_ids, token_type_ids, position_ids: long [B, T] -> float [B, T, E] (E = embedding_width)."""
-        x = self.word(input_ids) + self.position(position_ids)
+        x = self.word(input_ids)
+        if self.position is not None:
+            x = x + self.position(position_ids)
         if self.segment is not None:
             x = x + self.segment(token_type_ids)
         return self.dropout(self.norm(x))
@@ -77,28 +81,36 @@ class Embeddings(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head scaled dot-product self-attention, followed by its output projection."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, bias: bool = True) -> None:
+        """bias: whether the four projections have one (NomicBERT's have none)."""
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         h = config.hidden_size
-        self.query = nn.Linear(h, h)
-        self.key = nn.Linear(h, h)
-        self.value = nn.Linear(h, h)
-        self.out = nn.Linear(h, h)
+        self.query = nn.Linear(h, h, bias=bias)
+        self.key = nn.Linear(h, h, bias=bias)
+        self.value = nn.Linear(h, h, bias=bias)
+        self.out = nn.Linear(h, h, bias=bias)
         self.dropout_p = config.attention_probs_dropout_prob
 
+    def project(self, x: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: float [B, T, H] or [N, H] -> the queries, keys and values, each shaped like x."""
+        return self.query(x), self.key(x), self.value(x)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
-                packed: Packing | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                packed: Packing | None = None, bias: torch.Tensor | None = None,
+                **project_args) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: float [B, T, H], or [N, H] real tokens when `packed` says where they sit;
         mask: bool [B, 1, 1, T] or [B, 1, T, T], True where a key may be attended to, or None;
         bias: float [1, nh, T, T] added to every row's scores after the 1/sqrt(hd) scaling (MPNet's relative
         positions), T the attention layout's length (`packed.max_seqlen` when packed), or None.
 
+        project_args: what a family's `project` takes (RotarySelfAttention's `rotary`).
+
         Returns the projected context, shaped like x, and the attention probabilities
         float [B, nh, T, T] when `output_attentions`, else None.
         """
-        q, k, v = self.query(x), self.key(x), self.value(x)
+        q, k, v = self.project(x, **project_args)
         if (self.training and bias is None and not output_attentions and fused_training(self, q)
                 and (packed is not None or mask is None)):
             # Training on CPU: attention straight on the real tokens, keeping no padded [B, nh, T, T] tensors.
@@ -123,6 +135,40 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         context, probs = scaled_attention(q, k, v, mask, self.dropout_p, self.training, output_attentions, bias)
         return context.transpose(1, 2).reshape(B, T, H), probs  # re-join the heads
+
+
+class RotarySelfAttention(SelfAttention):
+    """BERT's attention with rotary positions (GTE, NomicBERT): queries and keys are rotated by their token's
+    position after the projections; the rest, the native training kernel included, is BERT's. The fused inference
+    path (`inference/fused.py`) fuses plain `SelfAttention` only, so these layers run eagerly there."""
+
+    def project(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+                **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: float [B, T, H] or [N, H]; rotary: (cos, sin), float32 [B, T, hd] or [N, hd], at x's tokens."""
+        q, k, v = super().project(x)
+        heads = (*x.shape[:-1], self.num_heads, self.head_dim)
+        q = rotate(q.view(heads), *rotary).reshape(q.shape)
+        k = rotate(k.view(heads), *rotary).reshape(k.shape)
+        return q, k, v
+
+
+def rotary_tables(position_ids: torch.Tensor, theta: float, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position ids long [...] -> (cos, sin), each float32 [..., dim]: RoPE's angles position * theta^(-2i/dim),
+    each frequency used for two dimensions (first half and second half), in transformers' float32 steps."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=position_ids.device) / dim))
+    angles = position_ids[..., None].float() * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each head's pairs (i, i + hd/2) by the position's angles, in float32 (as transformers).
+
+    x: [..., nh, hd]; cos, sin: float32 [..., hd] (the same leading shape, without heads)."""
+    xf = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos[..., None, :] + rotated * sin[..., None, :]).to(x.dtype)
 
 
 def fused_training(module: SelfAttention, q: torch.Tensor) -> bool:
@@ -201,17 +247,36 @@ class FeedForward(nn.Module):
         return self.down(self.act(self.up(x)))
 
 
+class GatedFeedForward(nn.Module):
+    """GTE's and NomicBERT's gated feed-forward: down(dropout(act(gate(x)) * up(x))), gate and up their own
+    matrices without bias, down with one where the family has it (`down_bias`). ModernBERT's GeGLU, one fused
+    matrix for both halves, is its own (`modernbert.GatedFeedForward`)."""
+
+    def __init__(self, config: BertConfig, down_bias: bool, dropout_p: float = 0.0) -> None:
+        super().__init__()
+        self.gate = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.act = activation(config.hidden_act)
+        self.dropout = Dropout(dropout_p)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=down_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """float [..., H] -> float [..., H]."""
+        return self.down(self.dropout(self.act(self.gate(x)) * self.up(x)))
+
+
 class BertLayer(nn.Module):
     """One post-LN transformer block: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
-    attention: BERT's `SelfAttention` unless a family passes its own (DeBERTa's disentangled one),
-    which takes the same arguments plus any keywords `forward` is given for it."""
+    attention: BERT's `SelfAttention` unless a family passes its own (DeBERTa's disentangled one, GTE's rotary
+    one), which takes the same arguments plus any keywords `forward` is given for it; ffn: BERT's `FeedForward`
+    unless a family passes its own (GTE's gated one)."""
 
-    def __init__(self, config: BertConfig, attention: nn.Module | None = None) -> None:
+    def __init__(self, config: BertConfig, attention: nn.Module | None = None, ffn: nn.Module | None = None) -> None:
         super().__init__()
         self.attention = attention if attention is not None else SelfAttention(config)
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.ffn = FeedForward(config)
+        self.ffn = ffn if ffn is not None else FeedForward(config)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 

@@ -37,7 +37,7 @@ from torch import nn
 from ..errors import ConfigError
 from .base import NameTable
 from .bert import BertModel
-from .config import HIDDEN_ACT, RenamedConfig
+from .config import HIDDEN_ACT, RenamedConfig, default_rope
 from .heads import (
     BertForMaskedLM,
     BertForQuestionAnswering,
@@ -46,7 +46,7 @@ from .heads import (
     LinearHead,
     MaskedLMHead,
 )
-from .layers import Dropout, activation, scaled_attention
+from .layers import Dropout, activation, rotary_tables, rotate, scaled_attention
 from .padding import Packing, example_starts, from_sequences, refuse_left_padding, to_sequences
 from .tied import TiedEmbedding
 from .windowed import band_mask, windowed_attention
@@ -137,20 +137,8 @@ class ModernBertConfig(RenamedConfig):
         params = {} if params is None else params
         if not isinstance(params, dict) or any(key not in LAYER_KINDS for key in params):
             raise ConfigError(f"config key 'rope_parameters' must map {LAYER_KINDS} to their settings, got {params!r}")
-        out = {}
-        for kind in LAYER_KINDS:
-            entry = dict(params.get(kind) or {})
-            entry.setdefault("rope_type", "default")
-            entry.setdefault("rope_theta", DEFAULT_THETA[kind])
-            other = sorted(set(entry) - {"rope_type", "rope_theta"})
-            if entry["rope_type"] != "default" or other:
-                raise ConfigError(f"config key 'rope_parameters' gives {kind} {entry!r}; bertforge computes the default "
-                                  "rotary embedding only (rope_type 'default', rope_theta), without scaling")
-            theta = entry["rope_theta"]
-            if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
-                raise ConfigError(f"config key 'rope_parameters' gives {kind} rope_theta {theta!r}; it must be positive")
-            out[kind] = {"rope_type": "default", "rope_theta": float(theta)}
-        return out
+        return {kind: default_rope(dict(params.get(kind) or {}), DEFAULT_THETA[kind],
+                                   f"config key 'rope_parameters' gives {kind} ") for kind in LAYER_KINDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> ModernBertConfig:
@@ -217,25 +205,6 @@ class ModernBertConfig(RenamedConfig):
         if "intermediate_size" not in overrides:
             config = dataclasses.replace(config, intermediate_size=config.hidden_size * 3 // 2)
         return config
-
-
-def rotary_tables(position_ids: torch.Tensor, theta: float, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position ids long [...] -> (cos, sin), each float32 [..., dim]: RoPE's angles position * theta^(-2i/dim),
-    each frequency used for two dimensions (first half and second half), in transformers' float32 steps."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=position_ids.device) / dim))
-    angles = position_ids[..., None].float() * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each head's pairs (i, i + hd/2) by the position's angles, in float32 (as transformers).
-
-    x: [..., nh, hd]; cos, sin: float32 [..., hd] (the same leading shape, without heads)."""
-    xf = x.float()
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos[..., None, :] + rotated * sin[..., None, :]).to(x.dtype)
 
 
 def exporting() -> bool:

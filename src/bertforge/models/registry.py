@@ -28,6 +28,8 @@ from .distilbert import (DistilBertConfig, DistilBertForMaskedLM, DistilBertForQ
 from .electra import HF_NAMES as ELECTRA_NAMES
 from .electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, ElectraForQuestionAnswering,
                       ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel)
+from .gte import HF_NAMES as GTE_NAMES
+from .gte import GteConfig, GteForMaskedLM, GteForSequenceClassification, GteForTokenClassification, GteModel
 from .modernbert import HF_NAMES as MODERNBERT_NAMES
 from .modernbert import (ModernBertConfig, ModernBertForMaskedLM, ModernBertForQuestionAnswering,
                          ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertModel)
@@ -200,8 +202,14 @@ MPNET = Family("mpnet", MPNetConfig, MPNetModel, MPNET_NAMES, "wordpiece", (
     span_extractor(MPNetForQuestionAnswering),
 ), tokenizer_class="MPNetTokenizer")
 
+# GTE pretrains with masked-LM alone; transformers has no question-answering head for it.
+GTE = Family("gte", GteConfig, GteModel, GTE_NAMES, "wordpiece", (
+    base(GteModel, pooler=False), masked_lm(GteForMaskedLM, "lm_head."),
+    sequence_classifier(GteForSequenceClassification), token_classifier(GteForTokenClassification),
+))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA,
-                                                         DEBERTA_V2, MODERNBERT, MPNET, CAMEMBERT)}
+                                                         DEBERTA_V2, MODERNBERT, MPNET, CAMEMBERT, GTE)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}
