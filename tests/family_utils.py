@@ -65,6 +65,10 @@ FAMILIES = {
         "AutoModel": "GteModel", "AutoModelForMaskedLM": "GteForMaskedLM",
         "AutoModelForSequenceClassification": "GteForSequenceClassification",
         "AutoModelForTokenClassification": "GteForTokenClassification"}),
+    "nomic_bert": ("NomicBertConfig", {
+        "AutoModel": "NomicBertModel", "AutoModelForMaskedLM": "NomicBertForMaskedLM",
+        "AutoModelForSequenceClassification": "NomicBertForSequenceClassification",
+        "AutoModelForTokenClassification": "NomicBertForTokenClassification"}),
 }
 
 
@@ -158,7 +162,15 @@ GTE_SHAPES = {
 }
 
 
-SHAPES_OF = {"gte": GTE_SHAPES, "mpnet": MPNET_SHAPES, "distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES,
+# NomicBERT: its default SwiGLU and base 1,000 with two segments; then ReLU, an untied decoder and a base in the older
+# top-level form.
+NOMIC_SHAPES = {
+    "base": {**SHAPES["base"], "type_vocab_size": 2, "hidden_act": "silu", "pad_token_id": 0},
+    "untied-relu": {**SHAPES["untied-relu"], "rope_theta": 500.0},
+}
+
+
+SHAPES_OF = {"gte": GTE_SHAPES, "nomic_bert": NOMIC_SHAPES, "mpnet": MPNET_SHAPES, "distilbert": DISTILBERT_SHAPES, "albert": ALBERT_SHAPES, "electra": ELECTRA_SHAPES,
              "deberta-v2": DEBERTA_SHAPES, "modernbert": MODERNBERT_SHAPES}
 
 

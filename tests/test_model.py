@@ -239,4 +239,4 @@ def test_head_registry_describes_every_head():
                                                "XLMRobertaForMaskedLM", "DistilBertForMaskedLM", "AlbertForMaskedLM",
                                                "AlbertForPreTraining", "ElectraForMaskedLM", "DebertaV2ForMaskedLM",
                                                "ModernBertForMaskedLM", "MPNetForMaskedLM",
-                                               "CamembertForMaskedLM", "GteForMaskedLM")
+                                               "CamembertForMaskedLM", "GteForMaskedLM", "NomicBertForMaskedLM")

@@ -37,6 +37,8 @@ FAMILIES = {  # model_type: (transformers class prefix, tokenizer)
     "modernbert": ("ModernBert", "modern"),
     "mpnet": ("MPNet", "mpnet"),
     "camembert": ("Camembert", "camembert"),
+    "gte": ("Gte", "wordpiece"),  # (no question-answering head in transformers)
+    "nomic_bert": ("NomicBert", "wordpiece"),  # (nor here)
 }
 
 

@@ -51,6 +51,9 @@ _EXPORTS = {
     "MPNetTokenizer": "tokenization.wordpiece",
     **{name: "models.gte" for name in (
         "GteConfig", "GteModel", "GteForMaskedLM", "GteForSequenceClassification", "GteForTokenClassification")},
+    **{name: "models.nomic_bert" for name in (
+        "NomicBertConfig", "NomicBertModel", "NomicBertForMaskedLM", "NomicBertForSequenceClassification",
+        "NomicBertForTokenClassification")},
     "AutoConfig": "interop.auto", "AutoModel": "interop.auto", "AutoModelForPreTraining": "interop.auto",
     "AutoModelForMaskedLM": "interop.auto", "AutoModelForNextSentencePrediction": "interop.auto",
     "AutoModelForSequenceClassification": "interop.auto", "AutoModelForTokenClassification": "interop.auto",

@@ -30,6 +30,9 @@ from .electra import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining, 
                       ElectraForSequenceClassification, ElectraForTokenClassification, ElectraModel)
 from .gte import HF_NAMES as GTE_NAMES
 from .gte import GteConfig, GteForMaskedLM, GteForSequenceClassification, GteForTokenClassification, GteModel
+from .nomic_bert import HF_NAMES as NOMIC_BERT_NAMES
+from .nomic_bert import (NomicBertConfig, NomicBertForMaskedLM, NomicBertForSequenceClassification,
+                         NomicBertForTokenClassification, NomicBertModel)
 from .modernbert import HF_NAMES as MODERNBERT_NAMES
 from .modernbert import (ModernBertConfig, ModernBertForMaskedLM, ModernBertForQuestionAnswering,
                          ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertModel)
@@ -208,8 +211,14 @@ GTE = Family("gte", GteConfig, GteModel, GTE_NAMES, "wordpiece", (
     sequence_classifier(GteForSequenceClassification), token_classifier(GteForTokenClassification),
 ))
 
+# NomicBERT: GTE's blocks without biases; BERT's heads under its names; no question-answering head in transformers.
+NOMIC_BERT = Family("nomic_bert", NomicBertConfig, NomicBertModel, NOMIC_BERT_NAMES, "wordpiece", (
+    base(NomicBertModel, pooler=False), masked_lm(NomicBertForMaskedLM, "cls.predictions."),
+    sequence_classifier(NomicBertForSequenceClassification), token_classifier(NomicBertForTokenClassification),
+))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (BERT, ROBERTA, XLM_ROBERTA, DISTILBERT, ALBERT, ELECTRA,
-                                                         DEBERTA_V2, MODERNBERT, MPNET, CAMEMBERT, GTE)}
+                                                         DEBERTA_V2, MODERNBERT, MPNET, CAMEMBERT, GTE, NOMIC_BERT)}
 
 # Every head of every family, by the transformers architecture name config.json gives it.
 HEADS: dict[str, HeadInfo] = {info.cls.hf_architecture: info for f in FAMILIES.values() for info in f.heads}

@@ -75,7 +75,7 @@ class PretrainConfig(TrainConfig, CorpusSettings, MaskingSettings):
     model: str | None = setting(None, "a preset (tiny ... large, L<n>-H<n>) or a checkpoint dir "
                                       "(default: tiny for the embedded corpus, else base)")
     arch: str | None = setting(None, "the architecture of a new model: bert, roberta, xlm-roberta, distilbert, albert, "
-                                     "electra, deberta-v2, modernbert, mpnet or camembert (default bert; a --model checkpoint brings its "
+                                     "electra, deberta-v2, modernbert, mpnet, camembert, gte or nomic_bert (default bert; a --model checkpoint brings its "
                                      "own)")
     objective: str | None = setting(None, "mlm+nsp (BERT's, its default), mlm+sop (ALBERT's sentence order, its "
                                           "default), rtd (ELECTRA's replaced-token detection, its default) or mlm "
