@@ -52,6 +52,8 @@ FAMILY = {
     "mpnet": ("MPNetConfig", "MPNetForMaskedLM", "MPNetForSequenceClassification", {}, "wordpiece-mpnet"),
     "camembert": ("CamembertConfig", "CamembertForMaskedLM", "CamembertForSequenceClassification",
                   {"type_vocab_size": 1}, "camembert"),
+    "gte": ("GteConfig", "GteForMaskedLM", "GteForSequenceClassification", {"type_vocab_size": 0}, "wordpiece"),
+    "nomic_bert": ("NomicBertConfig", "NomicBertForMaskedLM", "NomicBertForSequenceClassification", {}, "wordpiece"),
 }
 _ = SHAPES  # the parity test's shapes; this test's sizes are SIZES
 
